@@ -1,0 +1,88 @@
+//! Process-independent proxy settings: listen addresses, limits and timeouts. The CLI fills it;
+//! tests build it directly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the proxy needs besides the policy.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Explicit proxy listener (CONNECT and absolute-form HTTP).
+    pub explicit: Option<SocketAddr>,
+    /// Transparent listener for connections redirected by nftables (REDIRECT).
+    pub transparent: Option<SocketAddr>,
+    /// SNI relay listeners: like transparent, but for connections that were not redirected;
+    /// they dial the SNI or Host name on the given port (for SNI-routing front ends and
+    /// benchmarks).
+    pub sni_relays: Vec<(SocketAddr, u16)>,
+    /// Admin listener: `/metrics`, `/healthz`, `/readyz`.
+    pub admin: Option<SocketAddr>,
+    /// Upstream DNS servers; empty means the system's (`/etc/resolv.conf`).
+    pub dns_servers: Vec<SocketAddr>,
+    /// The policy file to watch for changes; `None` for the embedded default.
+    pub policy_path: Option<PathBuf>,
+    /// How often the policy file is checked for changes.
+    pub policy_poll: Duration,
+    /// Limits on clients and upstreams.
+    pub limits: Limits,
+}
+
+/// Limits that keep one client or one connection from disturbing the others.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request head accepted (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Time allowed for a client to send a complete request head (slowloris defence).
+    pub header_timeout: Duration,
+    /// Largest ClientHello accepted, in bytes (post-quantum key shares make it over 1.5 KB).
+    pub max_hello_bytes: usize,
+    /// Time allowed for a complete ClientHello, once the client has started sending.
+    pub hello_timeout: Duration,
+    /// Time a transparent client may stay silent before it is judged by address alone
+    /// (server-speaks-first protocols).
+    pub first_byte_timeout: Duration,
+    /// Time allowed for an upstream TCP connect.
+    pub connect_timeout: Duration,
+    /// A tunnel or keep-alive connection with no traffic for this long is closed.
+    pub idle_timeout: Duration,
+    /// Concurrent client connections in all.
+    pub max_connections: usize,
+    /// Concurrent client connections from one source address.
+    pub max_connections_per_client: usize,
+    /// Time SIGTERM waits for live connections before exiting.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: 32 * 1024,
+            header_timeout: Duration::from_secs(10),
+            max_hello_bytes: 32 * 1024,
+            hello_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            // Two descriptors per tunnel; the usual 20,000-descriptor limit allows about 9,500.
+            max_connections: 9_500,
+            max_connections_per_client: 4_096,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            explicit: None,
+            transparent: None,
+            sni_relays: Vec::new(),
+            admin: None,
+            dns_servers: Vec::new(),
+            policy_path: None,
+            policy_poll: Duration::from_secs(2),
+            limits: Limits::default(),
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! The explicit listener: `CONNECT host:port` tunnels and absolute-form HTTP/1.1 requests, on
+//! hyper. A CONNECT tunnel is checked against the ClientHello that follows (domain fronting),
+//! then spliced; absolute-form requests are forwarded with hop-by-hop headers removed and
+//! upstream connections kept alive per client connection.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use base64::Engine;
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use sandgate_policy::{CompiledPolicy, Decision, Host, ProfileId, Reason, Verdict};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::error::ProxyError;
+use crate::log::{ConnRecord, Listener, redact_path};
+use crate::shared::{ConnGuard, Refusal, Shared, denial_message};
+use crate::sni;
+use crate::tunnel::{self, TunnelError};
+
+type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// Header carrying the reason of a denial, for agents and scripts.
+const REASON_HEADER: &str = "x-sandgate-reason";
+/// TLS alert record: fatal access_denied (RFC 8446 §6), sent before closing a refused tunnel.
+pub(crate) const TLS_ALERT_ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31];
+/// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), plus the proxy's
+/// own authentication.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+/// One client connection's state across its requests.
+struct ExplicitConn {
+    shared: Arc<Shared>,
+    client: SocketAddr,
+    guard: Arc<ConnGuard>,
+    upstream: Mutex<Option<CachedUpstream>>,
+}
+
+/// A kept-alive upstream HTTP connection and the destination it was vetted for.
+struct CachedUpstream {
+    host: Host,
+    port: u16,
+    addr: SocketAddr,
+    sender: SendRequest<Counted<Incoming>>,
+}
+
+/// Serves one explicit-proxy client connection until it closes or upgrades to a tunnel.
+pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, client: SocketAddr, guard: ConnGuard) {
+    let _ = stream.set_nodelay(true);
+    let limits = shared.limits.clone();
+    let conn = Arc::new(ExplicitConn { shared: shared.clone(), client, guard: Arc::new(guard), upstream: Mutex::new(None) });
+    let served = Arc::new(AtomicU64::new(0));
+    let served2 = served.clone();
+    let service = hyper::service::service_fn(move |req| {
+        served2.fetch_add(1, Ordering::Relaxed);
+        let conn = conn.clone();
+        async move { Ok::<_, Infallible>(conn.handle(req).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        .keep_alive(true);
+    let result = builder.serve_connection(TokioIo::new(stream), service).with_upgrades().await;
+    if let Err(e) = result {
+        // hyper has already answered 400/431 where it could; record why the connection ended.
+        let error = if e.is_timeout() {
+            Some(ProxyError::HeaderTimeout)
+        } else if e.is_parse_too_large() {
+            Some(ProxyError::HeaderTooLarge(limits.max_header_bytes))
+        } else if e.is_parse() {
+            Some(ProxyError::MalformedRequest("unparsable request head"))
+        } else if served.load(Ordering::Relaxed) == 0 && !e.is_incomplete_message() {
+            Some(ProxyError::MalformedRequest("connection failed before a request"))
+        } else {
+            None
+        };
+        if let Some(error) = error {
+            let policy = shared.policy();
+            let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+            rec.fail(&error);
+            rec.finish(&policy, &shared.metrics);
+        }
+    }
+}
+
+// === impl ExplicitConn ===
+
+impl ExplicitConn {
+    async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let policy = self.shared.policy();
+        let mut rec = ConnRecord::new(self.shared.next_id(), Listener::Explicit, self.client);
+        rec.sandbox = proxy_user(req.headers());
+        let profile = policy.select_profile(self.client.ip(), rec.sandbox.as_deref());
+        if req.method() == Method::CONNECT {
+            self.connect(req, policy, rec, profile).await
+        } else {
+            self.forward(req, policy, rec, profile).await
+        }
+    }
+
+    async fn connect(
+        &self,
+        req: Request<Incoming>,
+        policy: Arc<CompiledPolicy>,
+        mut rec: ConnRecord,
+        profile: ProfileId,
+    ) -> Response<ProxyBody> {
+        let Some((host, port)) = req.uri().authority().and_then(|a| Some((a.host(), a.port_u16()?))) else {
+            return self.fail(&policy, rec, ProxyError::MalformedRequest("CONNECT needs host:port"));
+        };
+        let host = match Host::parse(host) {
+            Ok(h) => h,
+            Err(_) => return self.fail(&policy, rec, ProxyError::MalformedRequest("CONNECT host is not a host name")),
+        };
+        rec.host = Some(host.to_string());
+        rec.port = port;
+        let upstream = match self.shared.open_upstream(&policy, &mut rec, profile, &host, port).await {
+            Ok(s) => s,
+            Err(Refusal::Denied(d)) => return self.deny(&policy, rec, &d),
+            Err(Refusal::Failed(e)) => return self.fail(&policy, rec, e),
+        };
+        let on_upgrade = hyper::upgrade::on(req);
+        let shared = self.shared.clone();
+        let guard = self.guard.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let parts = match on_upgrade.await.map(|u| u.downcast::<TokioIo<TcpStream>>()) {
+                Ok(Ok(parts)) => parts,
+                Ok(Err(_)) | Err(_) => {
+                    rec.fail(&ProxyError::MalformedRequest("CONNECT upgrade failed"));
+                    rec.finish(&policy, &shared.metrics);
+                    return;
+                }
+            };
+            let client = parts.io.into_inner();
+            tunnel_after_connect(&shared, &policy, client, parts.read_buf, upstream, rec, profile, &host).await;
+        });
+        Response::new(empty())
+    }
+
+    async fn forward(
+        &self,
+        req: Request<Incoming>,
+        policy: Arc<CompiledPolicy>,
+        mut rec: ConnRecord,
+        profile: ProfileId,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = req.into_parts();
+        rec.method = Some(parts.method.as_str().to_owned());
+        rec.path = parts.uri.path_and_query().map(|p| redact_path(p.as_str()));
+        let Some(authority) = parts.uri.authority().cloned() else {
+            return self.fail(
+                &policy,
+                rec,
+                ProxyError::MalformedRequest("sandgate is a proxy: send absolute-form requests (GET http://host/) or CONNECT"),
+            );
+        };
+        if parts.uri.scheme_str() != Some("http") {
+            return self.fail(&policy, rec, ProxyError::MalformedRequest("only http:// is forwarded; use CONNECT for https"));
+        }
+        let Ok(host) = Host::parse(authority.host()) else {
+            return self.fail(&policy, rec, ProxyError::MalformedRequest("request host is not a host name"));
+        };
+        let port = authority.port_u16().unwrap_or(80);
+        rec.host = Some(host.to_string());
+        rec.port = port;
+
+        let mut sender = match self.upstream_for(&policy, &mut rec, profile, &host, port).await {
+            Ok(s) => s,
+            Err(Refusal::Denied(d)) => return self.deny(&policy, rec, &d),
+            Err(Refusal::Failed(e)) => return self.fail(&policy, rec, e),
+        };
+
+        strip_hop_by_hop(&mut parts.headers);
+        parts.uri = match parts.uri.path_and_query() {
+            Some(pq) => Uri::builder().path_and_query(pq.clone()).build().unwrap_or_else(|_| Uri::from_static("/")),
+            None => Uri::from_static("/"),
+        };
+        // The authority the proxy vetted is the one the origin sees: no Host-header fronting.
+        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+            parts.headers.insert(header::HOST, v);
+        }
+        let up = Arc::new(AtomicU64::new(0));
+        let body = Counted { inner: body, count: up.clone(), done: None };
+        let response = match sender.send_request(Request::from_parts(parts, body)).await {
+            Ok(r) => r,
+            Err(e) => return self.fail(&policy, rec, ProxyError::UpstreamHttp(e.to_string())),
+        };
+        if let Some(dialled) = rec.dialled {
+            self.keep(host, port, dialled, sender);
+        }
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        let finisher = Finisher { rec: Some(rec), up, policy, shared: self.shared.clone() };
+        let body = Counted { inner: body, count: Arc::new(AtomicU64::new(0)), done: Some(finisher) };
+        Response::from_parts(parts, body.boxed())
+    }
+
+    /// An upstream HTTP sender for the destination: the kept-alive one if it still fits the
+    /// policy, else a new connection.
+    async fn upstream_for(
+        &self,
+        policy: &CompiledPolicy,
+        rec: &mut ConnRecord,
+        profile: ProfileId,
+        host: &Host,
+        port: u16,
+    ) -> Result<SendRequest<Counted<Incoming>>, Refusal> {
+        let cached = self.upstream.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut c) = cached
+            && c.host == *host
+            && c.port == port
+        {
+            let d = policy.decide(profile, host, port);
+            rec.decision = Some(d);
+            if !d.verdict.proceeds() {
+                return Err(Refusal::Denied(d));
+            }
+            // Re-vet the kept address: the policy may have been reloaded since it was dialled.
+            let permit = policy.vet(&d, &[c.addr.ip()], port).map_err(|d| {
+                rec.decision = Some(d);
+                Refusal::Denied(d)
+            })?;
+            rec.decision = Some(*permit.decision());
+            if c.sender.ready().await.is_ok() {
+                rec.dialled = Some(c.addr);
+                return Ok(c.sender);
+            }
+        }
+        let stream = self.shared.open_upstream(policy, rec, profile, host, port).await?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| Refusal::Failed(ProxyError::UpstreamHttp(e.to_string())))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    fn keep(&self, host: Host, port: u16, addr: SocketAddr, sender: SendRequest<Counted<Incoming>>) {
+        if let Ok(mut slot) = self.upstream.lock() {
+            *slot = Some(CachedUpstream { host, port, addr, sender });
+        }
+    }
+
+    fn deny(&self, policy: &CompiledPolicy, rec: ConnRecord, d: &Decision) -> Response<ProxyBody> {
+        let host = rec.host.clone().unwrap_or_default();
+        let body = denial_message(policy, &host, rec.port, d);
+        let reason = d.reason.as_str();
+        rec.finish(policy, &self.shared.metrics);
+        text_response(StatusCode::FORBIDDEN, reason, body)
+    }
+
+    fn fail(&self, policy: &CompiledPolicy, mut rec: ConnRecord, e: ProxyError) -> Response<ProxyBody> {
+        rec.fail(&e);
+        let body = format!("sandgate: {e}\n");
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+        rec.finish(policy, &self.shared.metrics);
+        text_response(status, e.as_label(), body)
+    }
+}
+
+/// After `200 Connection established`: checks the ClientHello against the CONNECT host (if
+/// the client speaks first), then splices.
+#[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
+async fn tunnel_after_connect(
+    shared: &Shared,
+    policy: &CompiledPolicy,
+    mut client: TcpStream,
+    early: Bytes,
+    mut upstream: TcpStream,
+    mut rec: ConnRecord,
+    profile: ProfileId,
+    host: &Host,
+) {
+    let mut buf = BytesMut::from(&early[..]);
+    if buf.is_empty() {
+        // Whoever speaks first decides: a client-first protocol gets its ClientHello checked,
+        // a server-first one (SSH, SMTP) is relayed as it is.
+        tokio::select! {
+            _ = client.readable() => {}
+            _ = upstream.readable() => {}
+            () = tokio::time::sleep(shared.limits.idle_timeout) => {}
+        }
+        if let Err(e) = client.try_read_buf(&mut buf)
+            && e.kind() != std::io::ErrorKind::WouldBlock
+        {
+            rec.fail(&ProxyError::Io(e));
+            rec.finish(policy, &shared.metrics);
+            return;
+        }
+    }
+    if buf.first().is_some_and(|b| sni::looks_like_tls(*b)) {
+        match read_hello(&mut client, &mut buf, &shared.limits).await {
+            Ok(()) => {}
+            Err(e) => {
+                rec.fail(&e);
+                rec.finish(policy, &shared.metrics);
+                return;
+            }
+        }
+        if let Some(refusal) = check_hello(policy, profile, host, &buf, &mut rec) {
+            rec.decision = Some(refusal);
+            if refusal.verdict == Verdict::Deny {
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut client, &TLS_ALERT_ACCESS_DENIED).await;
+                rec.finish(policy, &shared.metrics);
+                return;
+            }
+        }
+    }
+    finish_tunnel(shared, policy, &mut client, &mut upstream, &buf, rec).await;
+}
+
+/// Reads until `buf` holds a complete ClientHello, within the hello timeout and size limit.
+pub(crate) async fn read_hello(client: &mut TcpStream, buf: &mut BytesMut, limits: &crate::Limits) -> Result<(), ProxyError> {
+    let deadline = tokio::time::Instant::now() + limits.hello_timeout;
+    loop {
+        match sni::parse(buf) {
+            Ok(_) => return Ok(()),
+            Err(sni::HelloError::Malformed) => return Err(ProxyError::MalformedHello),
+            Err(sni::HelloError::Incomplete) => {}
+        }
+        if buf.len() >= limits.max_hello_bytes {
+            return Err(ProxyError::HelloTooLarge(limits.max_hello_bytes));
+        }
+        buf.reserve(4096);
+        match tokio::time::timeout_at(deadline, client.read_buf(buf)).await {
+            Err(_) => return Err(ProxyError::HelloTimeout),
+            Ok(Ok(0)) => return Err(ProxyError::MalformedHello),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(ProxyError::Io(e)),
+        }
+    }
+}
+
+/// Checks a complete ClientHello inside a CONNECT tunnel: its SNI must name the CONNECT host
+/// (domain fronting otherwise), and ECH is refused when the policy says so. Returns the
+/// refusal, if any. An IP-literal CONNECT has no name to compare: its address was vetted.
+fn check_hello(
+    policy: &CompiledPolicy,
+    profile: ProfileId,
+    host: &Host,
+    buf: &[u8],
+    rec: &mut ConnRecord,
+) -> Option<Decision> {
+    let hello = sni::parse(buf).ok()?;
+    rec.sni = hello.server_name.as_deref().map(str::to_owned);
+    if hello.ech && policy.refuses_ech() {
+        return Some(policy.refuse(profile, Reason::EchRefused));
+    }
+    if let (Host::Name(expected), Some(sni)) = (host, hello.server_name.as_deref()) {
+        let same = sandgate_policy::HostName::parse(sni).is_ok_and(|n| n == *expected);
+        if !same {
+            return Some(policy.refuse(profile, Reason::SniMismatch));
+        }
+    }
+    None
+}
+
+/// Splices an established tunnel to its end and emits the record.
+pub(crate) async fn finish_tunnel(
+    shared: &Shared,
+    policy: &CompiledPolicy,
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    early: &[u8],
+    mut rec: ConnRecord,
+) {
+    match tunnel::relay(client, upstream, early, shared.limits.idle_timeout, &shared.pipes).await {
+        Ok(t) => {
+            rec.up = t.up;
+            rec.down = t.down;
+        }
+        Err(TunnelError::Idle(_, t)) => {
+            rec.up = t.up;
+            rec.down = t.down;
+            rec.fail(&ProxyError::Idle);
+        }
+        Err(TunnelError::Io { source, moved }) => {
+            rec.up = moved.up;
+            rec.down = moved.down;
+            // A reset after data flowed is how many clients end; it is not worth an error.
+            if !matches!(source.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) {
+                rec.fail(&ProxyError::Io(source));
+            }
+        }
+    }
+    rec.finish(policy, &shared.metrics);
+}
+
+/// The sandbox id in `Proxy-Authorization: Basic base64(id:secret)`; the secret is ignored
+/// here and never logged.
+fn proxy_user(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(header::PROXY_AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, creds) = v.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(creds.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let user = text.split_once(':').map_or(text.as_str(), |(u, _)| u);
+    let ok = !user.is_empty() && user.len() <= 128 && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    ok.then(|| user.to_owned())
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+fn empty() -> ProxyBody {
+    Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
+}
+
+fn text_response(status: StatusCode, reason: &'static str, body: String) -> Response<ProxyBody> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(REASON_HEADER, HeaderValue::from_static(reason));
+    r
+}
+
+/// A body that counts its data bytes and, for responses, emits the request's record when it
+/// ends or is dropped.
+struct Counted<B> {
+    inner: B,
+    count: Arc<AtomicU64>,
+    done: Option<Finisher>,
+}
+
+struct Finisher {
+    rec: Option<ConnRecord>,
+    up: Arc<AtomicU64>,
+    policy: Arc<CompiledPolicy>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Finisher {
+    fn drop(&mut self) {
+        if let Some(mut rec) = self.rec.take() {
+            rec.up = self.up.load(Ordering::Relaxed);
+            rec.finish(&self.policy, &self.shared.metrics);
+        }
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            let n = data.len() as u64;
+            this.count.fetch_add(n, Ordering::Relaxed);
+            if let Some(f) = this.done.as_mut()
+                && let Some(rec) = f.rec.as_mut()
+            {
+                rec.down += n;
+            }
+        }
+        if let Poll::Ready(None) = &polled {
+            this.done = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

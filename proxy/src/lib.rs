@@ -1,0 +1,224 @@
+//! Sandgate's data plane: the explicit proxy (CONNECT and absolute-form HTTP), the transparent
+//! listener for nftables-redirected connections, SNI relays, name resolution, vetted dialling,
+//! spliced tunnels, metrics, the connection log, the admin endpoints and policy reload.
+//!
+//! [`start`] binds every listener first (so a bad address fails before anything serves), then
+//! serves until [`RunningProxy::drain`].
+
+mod admin;
+mod config;
+mod connect;
+mod error;
+mod explicit;
+pub mod log;
+mod metrics;
+mod reload;
+mod resolve;
+mod shared;
+pub mod sni;
+mod transparent;
+pub mod tunnel;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use sandgate_policy::CompiledPolicy;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use config::{Limits, ProxyConfig};
+pub use error::{ProxyError, Side};
+pub use metrics::ProxyMetrics;
+pub use reload::{LoadError, load_policy};
+
+use crate::log::{ConnRecord, Listener};
+use crate::shared::Shared;
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}; pick another address or free the port")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Which listener.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The resolver could not be set up.
+    #[error("DNS resolver: {0}; pass --dns-server ADDR")]
+    Resolver(String),
+    /// Metrics could not be registered (a bug).
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// No listener was configured.
+    #[error("no listener configured; give at least one of --listen, --transparent or --sni-relay")]
+    NoListener,
+}
+
+/// A started proxy: its bound addresses, and the handle to stop it.
+#[derive(Debug)]
+pub struct RunningProxy {
+    /// The explicit listener's address.
+    pub explicit: Option<SocketAddr>,
+    /// The transparent listener's address.
+    pub transparent: Option<SocketAddr>,
+    /// The SNI relays' addresses.
+    pub sni_relays: Vec<SocketAddr>,
+    /// The admin listener's address.
+    pub admin: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+/// Binds every configured listener and starts serving with `policy`.
+pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<RunningProxy, StartError> {
+    if config.explicit.is_none() && config.transparent.is_none() && config.sni_relays.is_empty() {
+        return Err(StartError::NoListener);
+    }
+    let bind = |addr: SocketAddr, what: &'static str| async move {
+        TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, what, source })
+    };
+    let explicit = match config.explicit {
+        Some(a) => Some(bind(a, "explicit proxy").await?),
+        None => None,
+    };
+    let transparent = match config.transparent {
+        Some(a) => Some(bind(a, "transparent").await?),
+        None => None,
+    };
+    let mut relays = Vec::with_capacity(config.sni_relays.len());
+    for (a, port) in &config.sni_relays {
+        relays.push((bind(*a, "SNI relay").await?, *port));
+    }
+    let admin = match config.admin {
+        Some(a) => Some(bind(a, "admin").await?),
+        None => None,
+    };
+    let resolver = resolve::Resolver::new(&config.dns_servers).map_err(StartError::Resolver)?;
+    let metrics = ProxyMetrics::new()?;
+    let (policy_tx, policy_rx) = watch::channel(Arc::new(policy));
+    let shared = Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone()));
+    let (stop, stop_rx) = watch::channel(false);
+    let addr = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+    let mut running = RunningProxy {
+        explicit: addr(&explicit),
+        transparent: addr(&transparent),
+        sni_relays: relays.iter().filter_map(|(l, _)| l.local_addr().ok()).collect(),
+        admin: addr(&admin),
+        shared: shared.clone(),
+        stop,
+        tasks: JoinSet::new(),
+    };
+    if let Some(l) = explicit {
+        running.tasks.spawn(accept_loop(l, shared.clone(), Listener::Explicit, None, stop_rx.clone()));
+    }
+    if let Some(l) = transparent {
+        running.tasks.spawn(accept_loop(l, shared.clone(), Listener::Transparent, None, stop_rx.clone()));
+    }
+    for (l, port) in relays {
+        running.tasks.spawn(accept_loop(l, shared.clone(), Listener::Sni, Some(port), stop_rx.clone()));
+    }
+    if let Some(l) = admin {
+        running.tasks.spawn(admin::serve(l, shared.clone(), stop_rx.clone()));
+    }
+    // The watcher runs detached: it ends when every policy receiver (the shared state) is gone.
+    tokio::spawn(reload::watch_policy(config.policy_path.clone(), policy_tx, metrics, config.policy_poll));
+    Ok(running)
+}
+
+impl RunningProxy {
+    /// The proxy's metrics.
+    pub fn metrics(&self) -> &ProxyMetrics {
+        &self.shared.metrics
+    }
+
+    /// Client connections open now.
+    pub fn active_connections(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting, then waits for live connections to end, at most the drain timeout.
+    /// Returns the number of connections still open when it gave up.
+    pub async fn drain(mut self) -> usize {
+        self.shared.draining.store(true, Ordering::Release);
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        let deadline = tokio::time::Instant::now() + self.shared.limits.drain_timeout;
+        loop {
+            let notified = self.shared.idle.notified();
+            let open = self.shared.active.load(Ordering::Acquire);
+            if open == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.shared.active.load(Ordering::Acquire);
+            }
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    kind: Listener,
+    relay_port: Option<u16>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let gauge = shared.metrics.active.with_label_values(&[kind.as_str()]);
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of descriptors or similar: back off instead of spinning.
+                    tracing::warn!(listener = kind.as_str(), "accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let guard = match shared.admit(peer.ip()) {
+            Ok(g) => g,
+            Err(e) => {
+                reject(&shared, stream, peer, kind, &e);
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        let gauge = gauge.clone();
+        tokio::spawn(async move {
+            gauge.inc();
+            match kind {
+                Listener::Explicit => explicit::serve(shared, stream, peer, guard).await,
+                Listener::Transparent | Listener::Sni => {
+                    transparent::serve(shared, stream, peer, kind, relay_port, guard).await;
+                }
+            }
+            gauge.dec();
+        });
+    }
+}
+
+/// Turns away a connection over a limit: explicit clients get a 503 they can read.
+fn reject(shared: &Shared, stream: TcpStream, peer: SocketAddr, kind: Listener, e: &ProxyError) {
+    if kind == Listener::Explicit {
+        let msg = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nx-sandgate-reason: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\nsandgate: {e}\n",
+            e.as_label(),
+            e.to_string().len() + 11
+        );
+        let _ = stream.try_write(msg.as_bytes());
+    }
+    let policy = shared.policy();
+    let mut rec = ConnRecord::new(shared.next_id(), kind, peer);
+    rec.fail(e);
+    rec.finish(&policy, &shared.metrics);
+}
