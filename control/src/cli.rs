@@ -1,0 +1,149 @@
+//! The `sandgate` command line: every flag with its environment variable and what it is for.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Sandgate: the egress proxy and credential broker in front of AI coding-agent sandboxes.
+///
+/// Sandboxes reach only the hosts a policy allows; every decision is logged (one JSON line per
+/// connection on stdout) and counted (Prometheus on the admin listener).
+#[derive(Debug, Parser)]
+#[command(name = "sandgate", version, propagate_version = true, max_term_width = 100)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+    /// Diagnostic log format on stderr (the connection log on stdout is always JSON).
+    #[arg(long, global = true, value_enum, default_value = "text", env = "SANDGATE_LOG_FORMAT")]
+    pub(crate) log_format: LogFormat,
+}
+
+/// Diagnostic log formats.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the egress proxy.
+    ///
+    /// Without --policy it enforces the embedded default: github.com, gitlab.com,
+    /// bitbucket.org, registry.npmjs.org and pypi.org on ports 443 and 80. Every listener
+    /// defaults to loopback. SIGHUP (or a change to the policy file) reloads the policy;
+    /// SIGTERM drains live connections and exits.
+    Proxy(ProxyArgs),
+    /// Check, explain or print policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ProxyArgs {
+    /// Policy file (YAML, `version: 1`); without it, the embedded default allowlist.
+    #[arg(long, value_name = "FILE", env = "SANDGATE_POLICY")]
+    pub(crate) policy: Option<PathBuf>,
+    /// Explicit proxy listener (HTTP CONNECT and absolute-form HTTP): point HTTPS_PROXY here.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4750", env = "SANDGATE_LISTEN")]
+    pub(crate) listen: SocketAddr,
+    /// Transparent listener, for connections redirected to it by nftables (REDIRECT).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4751", env = "SANDGATE_TRANSPARENT")]
+    pub(crate) transparent: SocketAddr,
+    /// Do not open the transparent listener.
+    #[arg(long)]
+    pub(crate) no_transparent: bool,
+    /// An SNI relay: `ADDR=PORT` accepts connections that were not redirected and dials the
+    /// ClientHello's server name (or the HTTP Host) on PORT. Repeatable.
+    #[arg(long, value_name = "ADDR=PORT", value_parser = parse_relay, env = "SANDGATE_SNI_RELAY", value_delimiter = ',')]
+    pub(crate) sni_relay: Vec<(SocketAddr, u16)>,
+    /// Admin listener: /metrics, /healthz, /readyz.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4752", env = "SANDGATE_ADMIN")]
+    pub(crate) admin: SocketAddr,
+    /// Do not open the admin listener.
+    #[arg(long)]
+    pub(crate) no_admin: bool,
+    /// Upstream DNS server (`IP` or `IP:PORT`); repeatable. Default: /etc/resolv.conf.
+    #[arg(long, value_name = "ADDR", value_parser = parse_dns, env = "SANDGATE_DNS_SERVER", value_delimiter = ',')]
+    pub(crate) dns_server: Vec<SocketAddr>,
+    /// Largest request head accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024, env = "SANDGATE_MAX_HEADER_BYTES")]
+    pub(crate) max_header_bytes: usize,
+    /// Time a client has to send a complete request head (slowloris defence).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, env = "SANDGATE_HEADER_TIMEOUT")]
+    pub(crate) header_timeout: Duration,
+    /// Largest TLS ClientHello accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024, env = "SANDGATE_MAX_HELLO_BYTES")]
+    pub(crate) max_hello_bytes: usize,
+    /// Time a client has to send a complete ClientHello once it started.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, env = "SANDGATE_HELLO_TIMEOUT")]
+    pub(crate) hello_timeout: Duration,
+    /// Time a transparent client may stay silent before it is judged by its address alone.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration, env = "SANDGATE_FIRST_BYTE_TIMEOUT")]
+    pub(crate) first_byte_timeout: Duration,
+    /// Time allowed for an upstream TCP connect.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, env = "SANDGATE_CONNECT_TIMEOUT")]
+    pub(crate) connect_timeout: Duration,
+    /// A tunnel with no traffic in either direction for this long is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration, env = "SANDGATE_IDLE_TIMEOUT")]
+    pub(crate) idle_timeout: Duration,
+    /// Concurrent client connections in all (each tunnel uses two file descriptors).
+    #[arg(long, value_name = "N", default_value_t = 9_500, env = "SANDGATE_MAX_CONNECTIONS")]
+    pub(crate) max_connections: usize,
+    /// Concurrent client connections from one source address.
+    #[arg(long, value_name = "N", default_value_t = 4_096, env = "SANDGATE_MAX_CONNECTIONS_PER_CLIENT")]
+    pub(crate) max_connections_per_client: usize,
+    /// Time SIGTERM waits for live connections before exiting.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, env = "SANDGATE_DRAIN_TIMEOUT")]
+    pub(crate) drain_timeout: Duration,
+    /// How often the policy file is checked for changes.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, env = "SANDGATE_POLICY_POLL")]
+    pub(crate) policy_poll: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PolicyCommand {
+    /// Validate a policy file: exit 0 if it is usable, else print where and why (exit 65).
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Show the decision a policy makes for one destination: verdict, rule, reason, profile.
+    ///
+    /// Exit status 0 when the connection would proceed (allow or report), 1 when denied.
+    Explain {
+        /// The policy file (`-` for the embedded default).
+        file: PathBuf,
+        /// The client's source address, which selects the profile.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+        from: std::net::IpAddr,
+        /// The sandbox id the client sends as Proxy-Authorization user.
+        #[arg(long, value_name = "ID")]
+        user: Option<String>,
+        /// The destination, `HOST:PORT` (IPv6 in brackets).
+        destination: String,
+    },
+    /// Print the embedded default policy.
+    Default,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 10s, 5m)"))
+}
+
+fn parse_relay(s: &str) -> Result<(SocketAddr, u16), String> {
+    let (addr, port) = s.rsplit_once('=').ok_or("write ADDR=PORT, e.g. 127.0.0.1:9444=443")?;
+    let addr = addr.parse().map_err(|e| format!("`{addr}`: {e}"))?;
+    let port = port.parse().map_err(|e| format!("`{port}`: {e}"))?;
+    Ok((addr, port))
+}
+
+fn parse_dns(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("`{s}` is not an IP address or IP:PORT"))
+}

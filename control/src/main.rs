@@ -1,0 +1,222 @@
+//! The `sandgate` binary: parses flags, sets up logging, and runs a subcommand. The logic
+//! lives in the library crates; this file only wires them.
+
+mod cli;
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use sandgate_policy::{CompiledPolicy, Host, Verdict};
+use sandgate_proxy::{Limits, ProxyConfig, load_policy};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, filter};
+
+use crate::cli::{Cli, Command, LogFormat, PolicyCommand, ProxyArgs};
+
+/// Exit status for bad flags (sysexits EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+/// Exit status for an invalid policy (sysexits EX_DATAERR).
+const EXIT_BAD_POLICY: u8 = 65;
+/// Exit status when a listener cannot be bound or the proxy cannot start (EX_UNAVAILABLE).
+const EXIT_CANNOT_START: u8 = 69;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Proxy(args) => run_proxy(args),
+        Command::Policy(PolicyCommand::Check { file }) => match load_policy(Some(&file)) {
+            Ok(p) => {
+                let profiles: Vec<&str> = p.profile_names().collect();
+                println!("{}: ok ({} profile{}: {})", file.display(), profiles.len(), plural(profiles.len()), profiles.join(", "));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_BAD_POLICY)
+            }
+        },
+        Command::Policy(PolicyCommand::Explain { file, from, user, destination }) => {
+            let path = (file.as_os_str() != "-").then_some(file.as_path());
+            match load_policy(path) {
+                Ok(p) => explain(&p, from, user.as_deref(), &destination),
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(EXIT_BAD_POLICY)
+                }
+            }
+        }
+        Command::Policy(PolicyCommand::Default) => {
+            print!("{}", sandgate_policy::DEFAULT_POLICY_YAML);
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// Diagnostics go to stderr (text or JSON); the connection log (`sandgate::conn`) goes to
+/// stdout as JSON lines, one per connection, whatever the diagnostic format.
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("SANDGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let not_conn = filter::filter_fn(|m| m.target() != sandgate_proxy::log::TARGET);
+    let diag = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .with_filter(not_conn)
+            .boxed(),
+        LogFormat::Json => {
+            tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).with_filter(not_conn).boxed()
+        }
+    };
+    let conn = tracing_subscriber::fmt::layer()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(false)
+        .with_writer(std::io::stdout)
+        .with_filter(filter::Targets::new().with_target(sandgate_proxy::log::TARGET, tracing::Level::INFO));
+    tracing_subscriber::registry().with(filter).with(diag).with(conn).init();
+}
+
+fn run_proxy(args: ProxyArgs) -> ExitCode {
+    // The policy is checked before anything binds, so a bad file never half-starts a proxy.
+    let policy = match load_policy(args.policy.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EXIT_BAD_POLICY);
+        }
+    };
+    let config = ProxyConfig {
+        explicit: Some(args.listen),
+        transparent: (!args.no_transparent).then_some(args.transparent),
+        sni_relays: args.sni_relay,
+        admin: (!args.no_admin).then_some(args.admin),
+        dns_servers: args.dns_server,
+        policy_path: args.policy,
+        policy_poll: args.policy_poll,
+        limits: Limits {
+            max_header_bytes: args.max_header_bytes,
+            header_timeout: args.header_timeout,
+            max_hello_bytes: args.max_hello_bytes,
+            hello_timeout: args.hello_timeout,
+            first_byte_timeout: args.first_byte_timeout,
+            connect_timeout: args.connect_timeout,
+            idle_timeout: args.idle_timeout,
+            max_connections: args.max_connections,
+            max_connections_per_client: args.max_connections_per_client,
+            drain_timeout: args.drain_timeout,
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandgate: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_CANNOT_START);
+        }
+    };
+    runtime.block_on(serve(config, policy))
+}
+
+async fn serve(config: ProxyConfig, policy: CompiledPolicy) -> ExitCode {
+    let origin = policy.origin().to_owned();
+    let running = match sandgate_proxy::start(config, policy).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EXIT_CANNOT_START);
+        }
+    };
+    tracing::info!(policy = %origin, "sandgate proxy started");
+    let listeners = [("explicit", running.explicit), ("transparent", running.transparent), ("admin", running.admin)];
+    for (what, addr) in listeners {
+        if let Some(addr) = addr {
+            tracing::info!(target: "sandgate::listen", listener = what, %addr, "listening");
+        }
+    }
+    for addr in &running.sni_relays {
+        tracing::info!(target: "sandgate::listen", listener = "sni", %addr, "listening");
+    }
+    let signal = wait_for_stop().await;
+    tracing::info!("{signal}: draining live connections");
+    let left = running.drain().await;
+    if left > 0 {
+        tracing::warn!(open = left, "drain timeout: closing remaining connections");
+    } else {
+        tracing::info!("drained; exiting");
+    }
+    let _ = std::io::stdout().flush();
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_stop() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::warn!("cannot listen for SIGTERM/SIGINT; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+fn explain(policy: &CompiledPolicy, from: std::net::IpAddr, user: Option<&str>, destination: &str) -> ExitCode {
+    let Some((host, port)) = split_host_port(destination) else {
+        eprintln!("sandgate: `{destination}`: write HOST:PORT, e.g. github.com:443 or [2001:db8::1]:443");
+        return ExitCode::from(EXIT_USAGE);
+    };
+    let host = match Host::parse(host) {
+        Ok(h) => h,
+        Err(_) => {
+            eprintln!("sandgate: `{host}` is not a host name or IP address");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let profile = policy.select_profile(from, user);
+    let mut d = policy.decide(profile, &host, port);
+    let mut note = String::new();
+    if let Host::Name(name) = &host
+        && let Some(addrs) = policy.static_addrs(name)
+    {
+        match policy.vet(&d, addrs, port) {
+            Ok(permit) => {
+                note = format!("would dial {} (from resolve:)", permit.upstream());
+                d = *permit.decision();
+            }
+            Err(denial) => d = denial,
+        }
+    } else if matches!(host, Host::Name(_)) && d.verdict.proceeds() {
+        note = "the name is resolved at connection time; the addresses are vetted then".to_owned();
+    }
+    println!("destination: {host}:{port}");
+    println!("profile:     {} ({})", policy.profile_name(d.profile), d.mode.as_str());
+    println!("verdict:     {}", d.verdict.as_str());
+    println!("reason:      {} ({})", d.reason.as_str(), d.reason.describe());
+    println!("rule:        {}", d.rule.map_or("-", |r| policy.rule_name(r)));
+    if !note.is_empty() {
+        println!("note:        {note}");
+    }
+    if d.verdict == Verdict::Deny { ExitCode::from(1) } else { ExitCode::SUCCESS }
+}
+
+fn split_host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    if host.contains(':') && !host.starts_with('[') {
+        return None;
+    }
+    Some((host, port.parse().ok()?))
+}
