@@ -236,7 +236,9 @@ impl CompiledPolicy {
             Some(r) => r,
             None => return Err(p.decision(decision.profile, false, Reason::Unresolvable, decision.rule)),
         };
-        let denial = p.decision(decision.profile, false, reason, rule);
+        // A host already reported keeps its first reason; the address would only repeat it.
+        let denial =
+            if decision.verdict == Verdict::Report { *decision } else { p.decision(decision.profile, false, reason, rule) };
         if denial.verdict == Verdict::Report {
             return Ok(Permit { decision: denial, upstream: SocketAddr::new(ip, port) });
         }

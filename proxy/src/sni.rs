@@ -13,6 +13,9 @@ const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 const EXT_SERVER_NAME: u16 = 0;
 /// Extension number of encrypted_client_hello (RFC 9460 draft codepoint used by browsers).
 const EXT_ECH: u16 = 0xfe0d;
+/// Largest ClientHello message believed: real ones are a few KiB even with post-quantum
+/// key shares; anything claiming more is refused before buffering it.
+const MAX_HELLO_LEN: usize = 1 << 16;
 /// A TLS record carries at most 2^14 bytes of plaintext (RFC 8446 §5.1), plus slack for padding.
 const MAX_RECORD_LEN: usize = 16384 + 256;
 
@@ -45,6 +48,12 @@ pub fn looks_like_tls(first: u8) -> bool {
 pub fn parse(buf: &[u8]) -> Result<ClientHello<'_>, HelloError> {
     // Fast path: the whole handshake message inside the first record.
     let (first, _) = record(buf)?;
+    if first[0] != HANDSHAKE_CLIENT_HELLO {
+        return Err(HelloError::Malformed);
+    }
+    if first.len() >= 4 && u24(&first[1..4]) > MAX_HELLO_LEN {
+        return Err(HelloError::Malformed);
+    }
     if first.len() >= 4 {
         let need = 4 + u24(&first[1..4]);
         if first.len() >= need {

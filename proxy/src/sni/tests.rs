@@ -95,6 +95,8 @@ fn garbage_is_malformed() {
         ("zero length record", &[22, 3, 1, 0, 0]),
         ("server hello", &[22, 3, 3, 0, 4, 2, 0, 0, 0]),
         ("overlong record", &[22, 3, 1, 0xff, 0xff]),
+        ("not a client hello inside", &[22, 3, 1, 0, 5, 0xde, 0xad, 0xbe, 0xef, 0]),
+        ("client hello claiming 11 MiB", &[22, 3, 1, 0, 5, 1, 0xad, 0xbe, 0xef, 0]),
     ];
     for (case, buf) in cases {
         assert_eq!(parse(buf), Err(HelloError::Malformed), "{case}");

@@ -1,0 +1,80 @@
+//! Origins on `127.0.0.1:0`: plain HTTP and HTTPS, answering `origin <name> <method> <path>`
+//! and echoing the `Host` header they saw, so tests can tell which origin answered.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// A running origin; it stops when dropped.
+pub(crate) struct Origin {
+    pub(crate) addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A plain-HTTP origin.
+pub(crate) async fn http(name: &'static str) -> Origin {
+    serve(TcpListener::bind("127.0.0.1:0").await.unwrap(), name, None)
+}
+
+/// An HTTPS origin with a leaf for `names` from `pki`.
+pub(crate) async fn https(name: &'static str, pki: &super::pki::Pki, names: &[&str]) -> Origin {
+    let tls = tokio_rustls::TlsAcceptor::from(pki.server_config(names));
+    serve(TcpListener::bind("127.0.0.1:0").await.unwrap(), name, Some(tls))
+}
+
+/// Serves on an already bound listener (one made inside a network namespace, say).
+pub(crate) fn serve(listener: TcpListener, name: &'static str, tls: Option<tokio_rustls::TlsAcceptor>) -> Origin {
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                    let host = req.headers().get("host").and_then(|h| h.to_str().ok()).unwrap_or("-").to_owned();
+                    let body = format!("origin {name} {} {} host={host}\n", req.method(), req.uri());
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                });
+                let builder = hyper::server::conn::http1::Builder::new();
+                match tls {
+                    Some(acceptor) => {
+                        if let Ok(s) = acceptor.accept(stream).await {
+                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
+            });
+        }
+    });
+    Origin { addr, task }
+}
+
+/// A raw TCP listener that records whether anything ever connected (for "never dialled").
+pub(crate) async fn tripwire() -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = hit.clone();
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            h.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, hit)
+}
