@@ -37,7 +37,7 @@ pub(crate) enum Command {
     /// bitbucket.org, registry.npmjs.org and pypi.org on ports 443 and 80. Every listener
     /// defaults to loopback. SIGHUP (or a change to the policy file) reloads the policy;
     /// SIGTERM drains live connections and exits.
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
     /// Check, explain or print policies.
     #[command(subcommand)]
     Policy(PolicyCommand),

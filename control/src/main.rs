@@ -1,6 +1,8 @@
 //! The `sandgate` binary: parses flags, sets up logging, and runs a subcommand. The logic
 //! lives in the library crates; this file only wires them.
 
+#![expect(clippy::print_stdout, reason = "printing results is what a command line does")]
+
 mod cli;
 
 use std::io::{IsTerminal, Write};
@@ -37,7 +39,13 @@ fn main() -> ExitCode {
         Command::Policy(PolicyCommand::Check { file }) => match load_policy(Some(&file)) {
             Ok(p) => {
                 let profiles: Vec<&str> = p.profile_names().collect();
-                println!("{}: ok ({} profile{}: {})", file.display(), profiles.len(), plural(profiles.len()), profiles.join(", "));
+                println!(
+                    "{}: ok ({} profile{}: {})",
+                    file.display(),
+                    profiles.len(),
+                    plural(profiles.len()),
+                    profiles.join(", ")
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -91,7 +99,7 @@ fn init_logging(format: LogFormat) {
     tracing_subscriber::registry().with(filter).with(diag).with(conn).init();
 }
 
-fn run_proxy(args: ProxyArgs) -> ExitCode {
+fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
     // The policy is checked before anything binds, so a bad file never half-starts a proxy.
     let policy = match load_policy(args.policy.as_deref()) {
         Ok(p) => p,

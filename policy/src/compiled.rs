@@ -81,8 +81,11 @@ impl CompiledPolicy {
                 for rule in rules {
                     let id = RuleId(u32::try_from(rule_names.len()).unwrap_or(u32::MAX));
                     rule_names.push(rule.name.into_boxed_str());
-                    let (hosts, cidrs) =
-                        if deny { (&mut cp.deny_hosts, &mut cp.deny_cidrs) } else { (&mut cp.allow_hosts, &mut cp.allow_cidrs) };
+                    let (hosts, cidrs) = if deny {
+                        (&mut cp.deny_hosts, &mut cp.deny_cidrs)
+                    } else {
+                        (&mut cp.allow_hosts, &mut cp.allow_cidrs)
+                    };
                     match rule.target {
                         RuleTarget::Hosts(patterns) => {
                             for pattern in patterns {
@@ -90,7 +93,11 @@ impl CompiledPolicy {
                             }
                         }
                         RuleTarget::Cidrs(nets) => {
-                            cidrs.extend(nets.into_iter().map(|net| CidrEntry { net, rule: id, ports: rule.ports.clone() }));
+                            cidrs.extend(nets.into_iter().map(|net| CidrEntry {
+                                net,
+                                rule: id,
+                                ports: rule.ports.clone(),
+                            }));
                         }
                     }
                 }
@@ -237,8 +244,11 @@ impl CompiledPolicy {
             None => return Err(p.decision(decision.profile, false, Reason::Unresolvable, decision.rule)),
         };
         // A host already reported keeps its first reason; the address would only repeat it.
-        let denial =
-            if decision.verdict == Verdict::Report { *decision } else { p.decision(decision.profile, false, reason, rule) };
+        let denial = if decision.verdict == Verdict::Report {
+            *decision
+        } else {
+            p.decision(decision.profile, false, reason, rule)
+        };
         if denial.verdict == Verdict::Report {
             return Ok(Permit { decision: denial, upstream: SocketAddr::new(ip, port) });
         }

@@ -51,7 +51,9 @@ pub enum PolicyErrorKind {
         problem: HostPatternProblem,
     },
     /// A CIDR or address could not be parsed.
-    #[error("`{value}` is not an IP network; write an address with a prefix length such as `10.0.0.0/8` or `2001:db8::/32`")]
+    #[error(
+        "`{value}` is not an IP network; write an address with a prefix length such as `10.0.0.0/8` or `2001:db8::/32`"
+    )]
     Cidr {
         /// The value as written.
         value: String,

@@ -53,8 +53,7 @@ impl HostName {
             return Err(MalformedHost);
         }
         // Fast path: plain ASCII names (nearly all traffic) skip the IDNA machinery.
-        let name = if trimmed.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
-        {
+        let name = if trimmed.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_') {
             trimmed.to_ascii_lowercase()
         } else {
             idna::domain_to_ascii(trimmed).map_err(|_| MalformedHost)?

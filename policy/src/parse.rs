@@ -49,7 +49,12 @@ struct Validator<'a> {
 }
 
 impl Validator<'_> {
-    fn err<T>(&self, at: Option<&serde_saphyr::Location>, path: impl Into<String>, kind: PolicyErrorKind) -> Result<T, PolicyError> {
+    fn err<T>(
+        &self,
+        at: Option<&serde_saphyr::Location>,
+        path: impl Into<String>,
+        kind: PolicyErrorKind,
+    ) -> Result<T, PolicyError> {
         Err(PolicyError {
             origin: self.origin.to_owned(),
             location: at.map(|l| Location { line: l.line(), column: l.column() }),
@@ -71,10 +76,14 @@ impl Validator<'_> {
             let host = match HostPattern::parse(name) {
                 Ok(HostPattern::Exact(h)) => h,
                 Ok(_) => {
-                    return self.err(at, path, PolicyErrorKind::HostPattern {
-                        pattern: name.clone(),
-                        problem: crate::error::HostPatternProblem::PartialWildcard,
-                    });
+                    return self.err(
+                        at,
+                        path,
+                        PolicyErrorKind::HostPattern {
+                            pattern: name.clone(),
+                            problem: crate::error::HostPatternProblem::PartialWildcard,
+                        },
+                    );
                 }
                 Err(problem) => {
                     return self.err(at, path, PolicyErrorKind::HostPattern { pattern: name.clone(), problem });
@@ -88,9 +97,11 @@ impl Validator<'_> {
                 match a.value.trim().parse::<IpAddr>() {
                     Ok(ip) => ips.push(ip),
                     Err(_) => {
-                        return self.err(Some(&a.referenced), format!("{path}[{i}]"), PolicyErrorKind::Address {
-                            value: a.value.clone(),
-                        });
+                        return self.err(
+                            Some(&a.referenced),
+                            format!("{path}[{i}]"),
+                            PolicyErrorKind::Address { value: a.value.clone() },
+                        );
                     }
                 }
             }
@@ -133,9 +144,11 @@ impl Validator<'_> {
                 && u.value.len() <= MAX_USER_LEN
                 && u.value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
             if !ok {
-                return self.err(Some(&u.referenced), format!("{base}.match.users[{i}]"), PolicyErrorKind::User {
-                    user: u.value.clone(),
-                });
+                return self.err(
+                    Some(&u.referenced),
+                    format!("{base}.match.users[{i}]"),
+                    PolicyErrorKind::User { user: u.value.clone() },
+                );
             }
             users.push(u.value.clone());
         }
@@ -169,10 +182,11 @@ impl Validator<'_> {
                     match HostPattern::parse(&h.value) {
                         Ok(p) => patterns.push(p),
                         Err(problem) => {
-                            return self.err(Some(&h.referenced), format!("{path}.hosts[{i}]"), PolicyErrorKind::HostPattern {
-                                pattern: h.value.clone(),
-                                problem,
-                            });
+                            return self.err(
+                                Some(&h.referenced),
+                                format!("{path}.hosts[{i}]"),
+                                PolicyErrorKind::HostPattern { pattern: h.value.clone(), problem },
+                            );
                         }
                     }
                 }

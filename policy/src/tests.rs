@@ -63,7 +63,9 @@ fn ip(s: &str) -> IpAddr {
 fn host_decisions() {
     let p = policy();
     let d = p.select_profile(ip("192.0.2.1"), None);
-    let cases: &[(&str, &str, u16, Verdict, Reason, Option<&str>)] = &[
+    // (case, host, port, verdict, reason, rule)
+    type Case<'a> = (&'a str, &'a str, u16, Verdict, Reason, Option<&'a str>);
+    let cases: &[Case<'_>] = &[
         ("exact host", "github.com", 443, Verdict::Allow, Reason::HostAllowed, Some("github")),
         ("exact host, case and dot", "GitHub.com.", 80, Verdict::Allow, Reason::HostAllowed, Some("github")),
         ("apex not covered by *.", "githubusercontent.com", 443, Verdict::Deny, Reason::HostNotAllowed, None),
@@ -109,7 +111,9 @@ fn deny_rule_on_exact_name_is_reported() {
 fn addresses_are_vetted_after_resolution() {
     let p = policy();
     let prof = p.select_profile(ip("192.0.2.1"), None);
-    let cases: &[(&str, &str, &[&str], u16, Result<&str, Reason>)] = &[
+    // (case, host, resolved addresses, port, dialled address or denial reason)
+    type Case<'a> = (&'a str, &'a str, &'a [&'a str], u16, Result<&'a str, Reason>);
+    let cases: &[Case<'_>] = &[
         ("public address passes", "github.com", &["140.82.112.3"], 443, Ok("140.82.112.3:443")),
         ("metadata refused", "meta.test", &["169.254.169.254"], 443, Err(Reason::Address(crate::AddrClass::Metadata))),
         (
@@ -194,4 +198,38 @@ fn static_resolve_entries_are_normalised() {
     let p = CompiledPolicy::from_yaml("t", "version: 1\nresolve:\n  Git.Test.: [127.0.0.1, '::1']\n").unwrap();
     let name = crate::HostName::parse("git.test").unwrap();
     assert_eq!(p.static_addrs(&name).unwrap(), &[ip("127.0.0.1"), ip("::1")]);
+}
+
+/// The shipped coding-agent policy parses and opens exactly what git, npm, pip and cargo use.
+#[test]
+fn coding_agent_policy_opens_the_package_managers_hosts() {
+    let src = include_str!("../../deploy/policies/coding-agent.yaml");
+    let p = CompiledPolicy::from_yaml("coding-agent.yaml", src).unwrap();
+    let d = p.select_profile(ip("10.0.0.2"), None);
+    for h in [
+        "github.com",
+        "codeload.github.com",
+        "objects.githubusercontent.com",
+        "raw.githubusercontent.com",
+        "api.github.com",
+        "gitlab.com",
+        "bitbucket.org",
+        "registry.npmjs.org",
+        "registry.yarnpkg.com",
+        "pypi.org",
+        "files.pythonhosted.org",
+        "crates.io",
+        "index.crates.io",
+        "static.crates.io",
+    ] {
+        assert_eq!(p.decide(d, &host(h), 443).verdict, Verdict::Allow, "{h}");
+        assert_eq!(p.decide(d, &host(h), 80).reason, Reason::PortNotAllowed, "{h} on port 80");
+    }
+    for h in ["gist.github.com", "gist.githubusercontent.com", "uploads.github.com"] {
+        assert_eq!(p.decide(d, &host(h), 443).reason, Reason::HostDenied, "{h}");
+    }
+    for h in ["evil.example", "githubusercontent.com.evil.example", "pythonhosted.org"] {
+        assert_eq!(p.decide(d, &host(h), 443).verdict, Verdict::Deny, "{h}");
+    }
+    assert!(p.refuses_ech());
 }

@@ -50,8 +50,7 @@ fn respond(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/metrics" => {
             let mut r = Response::new(Full::new(Bytes::from(shared.metrics.encode())));
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; version=0.0.4"));
+            r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; version=0.0.4"));
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),

@@ -68,7 +68,8 @@ struct CachedUpstream {
 pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, client: SocketAddr, guard: ConnGuard) {
     let _ = stream.set_nodelay(true);
     let limits = shared.limits.clone();
-    let conn = Arc::new(ExplicitConn { shared: shared.clone(), client, guard: Arc::new(guard), upstream: Mutex::new(None) });
+    let conn =
+        Arc::new(ExplicitConn { shared: shared.clone(), client, guard: Arc::new(guard), upstream: Mutex::new(None) });
     let served = Arc::new(AtomicU64::new(0));
     let served2 = served.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -174,11 +175,17 @@ impl ExplicitConn {
             return self.fail(
                 &policy,
                 rec,
-                ProxyError::MalformedRequest("sandgate is a proxy: send absolute-form requests (GET http://host/) or CONNECT"),
+                ProxyError::MalformedRequest(
+                    "sandgate is a proxy: send absolute-form requests (GET http://host/) or CONNECT",
+                ),
             );
         };
         if parts.uri.scheme_str() != Some("http") {
-            return self.fail(&policy, rec, ProxyError::MalformedRequest("only http:// is forwarded; use CONNECT for https"));
+            return self.fail(
+                &policy,
+                rec,
+                ProxyError::MalformedRequest("only http:// is forwarded; use CONNECT for https"),
+            );
         }
         let Ok(host) = Host::parse(authority.host()) else {
             return self.fail(&policy, rec, ProxyError::MalformedRequest("request host is not a host name"));
@@ -334,7 +341,11 @@ async fn tunnel_after_connect(
 }
 
 /// Reads until `buf` holds a complete ClientHello, within the hello timeout and size limit.
-pub(crate) async fn read_hello(client: &mut TcpStream, buf: &mut BytesMut, limits: &crate::Limits) -> Result<(), ProxyError> {
+pub(crate) async fn read_hello(
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    limits: &crate::Limits,
+) -> Result<(), ProxyError> {
     let deadline = tokio::time::Instant::now() + limits.hello_timeout;
     loop {
         match sni::parse(buf) {
@@ -421,7 +432,8 @@ fn proxy_user(headers: &HeaderMap) -> Option<String> {
     let decoded = base64::engine::general_purpose::STANDARD.decode(creds.trim()).ok()?;
     let text = String::from_utf8(decoded).ok()?;
     let user = text.split_once(':').map_or(text.as_str(), |(u, _)| u);
-    let ok = !user.is_empty() && user.len() <= 128 && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    let ok =
+        !user.is_empty() && user.len() <= 128 && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
     ok.then(|| user.to_owned())
 }
 

@@ -56,7 +56,9 @@ pub(crate) async fn serve(
     let mut buf = BytesMut::with_capacity(2048);
     let peeked = match tokio::time::timeout(shared.limits.first_byte_timeout, client.read_buf(&mut buf)).await {
         Err(_) => Peeked::Silent,
-        Ok(Ok(0)) => return fail(&shared, &policy, rec, ProxyError::MalformedRequest("closed before sending anything")),
+        Ok(Ok(0)) => {
+            return fail(&shared, &policy, rec, ProxyError::MalformedRequest("closed before sending anything"));
+        }
         Ok(Ok(_)) if sni::looks_like_tls(buf[0]) => Peeked::Tls,
         Ok(Ok(_)) if looks_like_http(&buf) => Peeked::Http,
         Ok(Ok(_)) => Peeked::Other,
@@ -87,7 +89,9 @@ pub(crate) async fn serve(
     let host = match (named, orig) {
         (Some(name), _) => match Host::parse(&name) {
             Ok(h) => h,
-            Err(_) => return fail(&shared, &policy, rec, ProxyError::MalformedRequest("server name is not a host name")),
+            Err(_) => {
+                return fail(&shared, &policy, rec, ProxyError::MalformedRequest("server name is not a host name"));
+            }
         },
         (None, Some(o)) => Host::Ip(o.ip()),
         (None, None) => return fail(&shared, &policy, rec, ProxyError::MalformedRequest("no SNI or Host to relay by")),

@@ -144,8 +144,15 @@ async fn one_way(
                 }
             };
             let n = match from.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(from, None, &pipe.write, None, SPLICE_CHUNK, SpliceFlags::NONBLOCK | SpliceFlags::MOVE)
-                    .map_err(io::Error::from)
+                rustix::pipe::splice(
+                    from,
+                    None,
+                    &pipe.write,
+                    None,
+                    SPLICE_CHUNK,
+                    SpliceFlags::NONBLOCK | SpliceFlags::MOVE,
+                )
+                .map_err(io::Error::from)
             }) {
                 Ok(0) => return Ok(()),
                 Ok(n) => n,

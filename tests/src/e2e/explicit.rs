@@ -57,12 +57,42 @@ async fn denials_are_readable_logged_and_counted() {
     let port = trip.port();
     let p = proxy::new(&loopback_policy(&[port])).start();
     let cases = [
-        ("unknown host", format!("http://evil.example:{port}/"), "evil.example", "host_not_allowed", "no rule allows this host"),
-        ("deny rule", format!("http://admin.origin.test:{port}/"), "admin.origin.test", "host_denied", "a deny rule matches"),
-        ("port not allowed", format!("http://origin.test:{}/", port + 1), "origin.test", "port_not_allowed", "not on this port"),
-        ("ip literal", "http://192.0.2.7/".to_owned(), "192.0.2.7", "ip_not_allowed", "IP destinations need a CIDR rule"),
+        (
+            "unknown host",
+            format!("http://evil.example:{port}/"),
+            "evil.example",
+            "host_not_allowed",
+            "no rule allows this host",
+        ),
+        (
+            "deny rule",
+            format!("http://admin.origin.test:{port}/"),
+            "admin.origin.test",
+            "host_denied",
+            "a deny rule matches",
+        ),
+        (
+            "port not allowed",
+            format!("http://origin.test:{}/", port + 1),
+            "origin.test",
+            "port_not_allowed",
+            "not on this port",
+        ),
+        (
+            "ip literal",
+            "http://192.0.2.7/".to_owned(),
+            "192.0.2.7",
+            "ip_not_allowed",
+            "IP destinations need a CIDR rule",
+        ),
         ("metadata address", format!("http://meta.test:{port}/"), "meta.test", "address_metadata", "cloud metadata"),
-        ("resolvable but not allowed", format!("http://other.test:{port}/"), "other.test", "host_not_allowed", "no rule allows"),
+        (
+            "resolvable but not allowed",
+            format!("http://other.test:{port}/"),
+            "other.test",
+            "host_not_allowed",
+            "no rule allows",
+        ),
     ];
     for (case, url, host, reason, text) in cases {
         let (code, body, _) = curl(&["-x", &p.url(), "-D", "-", &url]);
@@ -90,7 +120,9 @@ async fn sni_that_differs_from_the_connect_host_is_refused() {
 
     let mut s = tokio::net::TcpStream::connect(p.explicit).await.unwrap();
     let port = o.addr.port();
-    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         head.push(s.read_u8().await.unwrap());
@@ -122,7 +154,10 @@ async fn report_mode_lets_a_denied_host_through_and_says_so() {
     assert_eq!(log["profile"], "reporting");
     assert_eq!(log["mode"], "report");
     assert_eq!(log["sandbox"], "rollout-1");
-    assert!(!body.contains("ignored") && !serde_json::to_string(&log).unwrap().contains("ignored"), "no proxy password");
+    assert!(
+        !body.contains("ignored") && !serde_json::to_string(&log).unwrap().contains("ignored"),
+        "no proxy password"
+    );
     let n = p.metric(
         "sandgate_proxy_connections_total",
         &[("verdict", "report"), ("profile", "reporting"), ("mode", "report"), ("reason", "host_not_allowed")],
@@ -143,7 +178,11 @@ async fn proxy_authorization_is_consumed_and_hop_headers_dropped() {
         let (mut s, _) = raw.accept().await.unwrap();
         let mut buf = vec![0u8; 4096];
         let n = s.read(&mut buf).await.unwrap();
-        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\r\nok").await.unwrap();
+        s.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\r\nok",
+        )
+        .await
+        .unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
     });
     let url = format!("http://origin.test:{raw_port}/x");

@@ -15,7 +15,8 @@ async fn reload_applies_good_policies_and_keeps_the_old_one_on_errors() {
     assert_eq!(curl(&["-x", &p.url(), &other]).0, 403, "other.test starts denied");
 
     // A good change, picked up by the file watcher.
-    let widened = loopback_policy(&[port]).replace("hosts: [origin.test, git.test, meta.test]", "hosts: [origin.test, git.test, meta.test, other.test]");
+    let widened = loopback_policy(&[port])
+        .replace("hosts: [origin.test, git.test, meta.test]", "hosts: [origin.test, git.test, meta.test, other.test]");
     std::fs::write(&p.policy_path, widened).unwrap();
     wait_for(|| p.metric("sandgate_proxy_policy_reloads_total", &[("result", "ok")]) >= 1.0);
     assert_eq!(curl(&["-x", &p.url(), &other]).0, 200, "the new rule applies to new connections");
@@ -25,7 +26,10 @@ async fn reload_applies_good_policies_and_keeps_the_old_one_on_errors() {
     wait_for(|| p.metric("sandgate_proxy_policy_reloads_total", &[("result", "error")]) >= 1.0);
     assert_eq!(curl(&["-x", &p.url(), &other]).0, 200, "the old policy stays in force");
     let diag = p.diag().join("\n");
-    assert!(diag.contains("policy reload failed, keeping the running policy") && diag.contains("*github.com"), "{diag}");
+    assert!(
+        diag.contains("policy reload failed, keeping the running policy") && diag.contains("*github.com"),
+        "{diag}"
+    );
 
     // SIGHUP reloads at once (the file is unchanged and still broken: another error).
     let before = p.metric("sandgate_proxy_policy_reloads_total", &[("result", "error")]);

@@ -23,7 +23,8 @@ async fn redirected_connections_are_decided_by_sni_and_host() {
     );
     let http = origin::serve(tokio::net::TcpListener::from_std(t.bind_in_gw("127.0.0.1:0")).unwrap(), "plain", None);
     let (hp, sp) = (http.addr.port(), https.addr.port());
-    let policy = super::loopback_policy(&[hp, sp]).replace("other.test: [127.0.0.1]", "other.test: [127.0.0.1]\n  evil.test: [127.0.0.1]");
+    let policy = super::loopback_policy(&[hp, sp])
+        .replace("other.test: [127.0.0.1]", "other.test: [127.0.0.1]\n  evil.test: [127.0.0.1]");
     let p = proxy::new(&policy).netns(&t.gw).transparent(&format!("{GW_IP}:15001")).start();
     t.gw_nft(&format!(
         "table ip sandgate_test {{
@@ -47,7 +48,8 @@ async fn redirected_connections_are_decided_by_sni_and_host() {
 
     // Allowed names reach their origin although the client dialled an address that exists nowhere.
     let resolve = format!("origin.test:{sp}:{NOWHERE}");
-    let (code, body, err) = curl_in_sbx(&["--cacert", ca, "--resolve", &resolve, &format!("https://origin.test:{sp}/tls")]);
+    let (code, body, err) =
+        curl_in_sbx(&["--cacert", ca, "--resolve", &resolve, &format!("https://origin.test:{sp}/tls")]);
     assert_eq!(code, 200, "{body}{err}");
     assert!(body.contains("origin tls GET /tls"), "{body}");
     let log = p.wait_log("transparent tls", |v| v["listener"] == "transparent" && v["sni"] == "origin.test");
@@ -68,7 +70,9 @@ async fn redirected_connections_are_decided_by_sni_and_host() {
     let (code, _, err) = curl_in_sbx(&["--cacert", ca, "--resolve", &resolve, &format!("https://evil.test:{sp}/")]);
     assert_eq!(code, 0, "TLS to a denied name must fail: {err}");
     assert!(err.contains("alert") || err.contains("SSL"), "{err}");
-    p.wait_log("transparent deny", |v| v["listener"] == "transparent" && v["dst_host"] == "evil.test" && v["sni"] == "evil.test");
+    p.wait_log("transparent deny", |v| {
+        v["listener"] == "transparent" && v["dst_host"] == "evil.test" && v["sni"] == "evil.test"
+    });
 
     // Neither TLS nor HTTP, to an address no CIDR rule allows: closed, decided by address.
     let out = t.in_sbx(&["sh", "-c", &format!("echo hi | timeout 5 bash -c 'cat > /dev/tcp/{NOWHERE}/22'")]);

@@ -87,7 +87,8 @@ pub(crate) async fn server() -> GitServer {
                     let root = project_root.clone();
                     async move { Ok::<_, Infallible>(cgi(&root, req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     });

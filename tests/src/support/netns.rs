@@ -15,7 +15,10 @@ pub(crate) fn privileged(test: &str) -> bool {
         return true;
     }
     let why = if root { "needs `ip` and `nft` (apt-get install iproute2 nftables)" } else { "needs root" };
-    assert!(std::env::var("SANDGATE_REQUIRE_PRIVILEGED").as_deref() != Ok("1"), "{test}: {why}, and SANDGATE_REQUIRE_PRIVILEGED=1");
+    assert!(
+        std::env::var("SANDGATE_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+        "{test}: {why}, and SANDGATE_REQUIRE_PRIVILEGED=1"
+    );
     eprintln!("SKIPPED {test}: {why}");
     false
 }
@@ -23,7 +26,12 @@ pub(crate) fn privileged(test: &str) -> bool {
 /// Runs a command, panicking with its output if it fails.
 pub(crate) fn run(args: &[&str]) -> String {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(out.status.success(), "{args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

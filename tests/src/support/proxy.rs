@@ -18,7 +18,11 @@ pub(crate) fn sandgate_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(|d| d.parent()).unwrap();
     let bin = dir.join("sandgate");
-    assert!(bin.exists(), "{} is missing: build it first (`cargo build --bin sandgate`) or run the workspace tests", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build --bin sandgate`) or run the workspace tests",
+        bin.display()
+    );
     bin
 }
 
@@ -95,7 +99,8 @@ impl ProxyBuilder {
         let l = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+                let v: Value =
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
                 l.lock().unwrap().push(v);
             }
         });
