@@ -20,12 +20,12 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sandgate_policy::{CompiledPolicy, Decision, Host, ProfileId, Reason, Verdict};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
 use crate::log::{ConnRecord, Listener, redact_path};
-use crate::shared::{ConnGuard, Refusal, Shared, denial_message};
+use crate::shared::{ConnGuard, Refusal, Shared, denial_message, raw_response};
 use crate::sni;
 use crate::tunnel::{self, TunnelError};
 
@@ -64,9 +64,141 @@ struct CachedUpstream {
     sender: SendRequest<Counted<Incoming>>,
 }
 
-/// Serves one explicit-proxy client connection until it closes or upgrades to a tunnel.
-pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, client: SocketAddr, guard: ConnGuard) {
+/// Serves one explicit-proxy client connection until it closes or becomes a tunnel.
+///
+/// The first request head is read here: a CONNECT (nearly all traffic: HTTPS) is answered and
+/// tunnelled directly, without hyper, so a tunnel costs no HTTP machinery and keeps no buffer.
+/// Anything else is handed to hyper with the bytes already read replayed in front.
+pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: SocketAddr, guard: ConnGuard) {
     let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(FIRST_READ);
+    match read_first_head(&mut stream, &mut buf, &shared.limits).await {
+        FirstHead::Connect { authority, user, len } => {
+            connect_fast(&shared, stream, client, buf, len, &authority, user).await;
+            drop(guard);
+        }
+        FirstHead::Failed(error) => {
+            let policy = shared.policy();
+            let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+            if let Some(status) = match error {
+                ProxyError::HeaderTooLarge(_) => Some("431 Request Header Fields Too Large"),
+                ProxyError::HeaderTimeout => Some("408 Request Timeout"),
+                _ => None,
+            } {
+                let body = format!("sandgate: {error}\n");
+                let _ = stream.write_all(raw_response(status, error.as_label(), &body).as_bytes()).await;
+            }
+            rec.fail(&error);
+            rec.finish(&policy, &shared.metrics);
+        }
+        FirstHead::Other => serve_http(shared, Prefixed { prefix: buf.freeze(), inner: stream }, client, guard).await,
+    }
+}
+
+/// Bytes read before the first request head is complete.
+const FIRST_READ: usize = 1024;
+/// Headers parsed in a first request head; more is a malformed request for a proxy.
+const MAX_HEADERS: usize = 64;
+
+/// What the first request head on a connection is.
+enum FirstHead {
+    /// `CONNECT authority`; `len` is the head's length in the buffer.
+    Connect { authority: String, user: Option<String>, len: usize },
+    /// Anything else (or unparsable): hyper answers it.
+    Other,
+    /// Too large or too slow.
+    Failed(ProxyError),
+}
+
+async fn read_first_head(stream: &mut TcpStream, buf: &mut BytesMut, limits: &crate::Limits) -> FirstHead {
+    let deadline = tokio::time::Instant::now() + limits.header_timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read_buf(buf)).await {
+            Err(_) => return FirstHead::Failed(ProxyError::HeaderTimeout),
+            Ok(Ok(0)) | Ok(Err(_)) => return FirstHead::Other,
+            Ok(Ok(_)) => {}
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => {
+                if req.method != Some("CONNECT") {
+                    return FirstHead::Other;
+                }
+                let user = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok())
+                    .and_then(basic_user);
+                let authority = req.path.unwrap_or("").to_owned();
+                return FirstHead::Connect { authority, user, len };
+            }
+            Ok(httparse::Status::Partial) if buf.len() >= limits.max_header_bytes => {
+                return FirstHead::Failed(ProxyError::HeaderTooLarge(limits.max_header_bytes));
+            }
+            Ok(httparse::Status::Partial) => {}
+            // hyper answers malformed heads with its own 400 and the log records why.
+            Err(_) => return FirstHead::Other,
+        }
+    }
+}
+
+/// Answers a first-request CONNECT and runs its tunnel.
+async fn connect_fast(
+    shared: &Shared,
+    mut stream: TcpStream,
+    client: SocketAddr,
+    mut buf: BytesMut,
+    head_len: usize,
+    authority: &str,
+    user: Option<String>,
+) {
+    let policy = shared.policy();
+    let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+    let profile = policy.select_profile(client.ip(), user.as_deref());
+    rec.sandbox = user;
+    let parsed = authority.parse::<http::uri::Authority>().ok().and_then(|a| Some((Host::parse(a.host()).ok()?, a.port_u16()?)));
+    let Some((host, port)) = parsed else {
+        let e = ProxyError::MalformedRequest("CONNECT needs host:port");
+        let _ = stream.write_all(raw_response("400 Bad Request", e.as_label(), &format!("sandgate: {e}\n")).as_bytes()).await;
+        rec.fail(&e);
+        return rec.finish(&policy, &shared.metrics);
+    };
+    rec.host = Some(host.to_string());
+    rec.port = port;
+    match shared.open_upstream(&policy, &mut rec, profile, &host, port).await {
+        Ok(upstream) => {
+            if let Err(e) = stream.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await {
+                rec.fail(&ProxyError::Io(e));
+                return rec.finish(&policy, &shared.metrics);
+            }
+            // Bytes the client sent after the head (a pipelined ClientHello) go first.
+            let early = buf.split_off(head_len);
+            drop(buf);
+            tunnel_after_connect(shared, &policy, stream, early, upstream, rec, profile, &host).await;
+        }
+        Err(Refusal::Denied(d)) => {
+            let body = denial_message(&policy, &host.to_string(), port, &d);
+            let _ = stream.write_all(raw_response("403 Forbidden", d.reason.as_str(), &body).as_bytes()).await;
+            rec.finish(&policy, &shared.metrics);
+        }
+        Err(Refusal::Failed(e)) => {
+            let status = match e.status() {
+                504 => "504 Gateway Timeout",
+                503 => "503 Service Unavailable",
+                400 => "400 Bad Request",
+                _ => "502 Bad Gateway",
+            };
+            let _ = stream.write_all(raw_response(status, e.as_label(), &format!("sandgate: {e}\n")).as_bytes()).await;
+            rec.fail(&e);
+            rec.finish(&policy, &shared.metrics);
+        }
+    }
+}
+
+/// Serves absolute-form HTTP (and any later CONNECT) on hyper, with keep-alive.
+async fn serve_http(shared: Arc<Shared>, io: Prefixed, client: SocketAddr, guard: ConnGuard) {
     let limits = shared.limits.clone();
     let conn =
         Arc::new(ExplicitConn { shared: shared.clone(), client, guard: Arc::new(guard), upstream: Mutex::new(None) });
@@ -83,7 +215,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, client: Socket
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(limits.max_header_bytes.max(8192))
         .keep_alive(true);
-    let result = builder.serve_connection(TokioIo::new(stream), service).with_upgrades().await;
+    let result = builder.serve_connection(TokioIo::new(io), service).with_upgrades().await;
     if let Err(e) = result {
         // hyper has already answered 400/431 where it could; record why the connection ended.
         let error = if e.is_timeout() {
@@ -147,7 +279,7 @@ impl ExplicitConn {
         let guard = self.guard.clone();
         tokio::spawn(async move {
             let _guard = guard;
-            let parts = match on_upgrade.await.map(|u| u.downcast::<TokioIo<TcpStream>>()) {
+            let parts = match on_upgrade.await.map(|u| u.downcast::<TokioIo<Prefixed>>()) {
                 Ok(Ok(parts)) => parts,
                 Ok(Err(_)) | Err(_) => {
                     rec.fail(&ProxyError::MalformedRequest("CONNECT upgrade failed"));
@@ -155,8 +287,12 @@ impl ExplicitConn {
                     return;
                 }
             };
-            let client = parts.io.into_inner();
-            tunnel_after_connect(&shared, &policy, client, parts.read_buf, upstream, rec, profile, &host).await;
+            let Prefixed { prefix, inner: client } = parts.io.into_inner();
+            let mut early = BytesMut::with_capacity(prefix.len() + parts.read_buf.len());
+            early.extend_from_slice(&prefix);
+            early.extend_from_slice(&parts.read_buf);
+            drop((prefix, parts.read_buf));
+            tunnel_after_connect(&shared, &policy, client, early, upstream, rec, profile, &host).await;
         });
         Response::new(empty())
     }
@@ -296,13 +432,12 @@ async fn tunnel_after_connect(
     shared: &Shared,
     policy: &CompiledPolicy,
     mut client: TcpStream,
-    early: Bytes,
+    mut buf: BytesMut,
     mut upstream: TcpStream,
     mut rec: ConnRecord,
     profile: ProfileId,
     host: &Host,
 ) {
-    let mut buf = BytesMut::from(&early[..]);
     if buf.is_empty() {
         // Whoever speaks first decides: a client-first protocol gets its ClientHello checked,
         // a server-first one (SSH, SMTP) is relayed as it is.
@@ -331,13 +466,13 @@ async fn tunnel_after_connect(
         if let Some(refusal) = check_hello(policy, profile, host, &buf, &mut rec) {
             rec.decision = Some(refusal);
             if refusal.verdict == Verdict::Deny {
-                let _ = tokio::io::AsyncWriteExt::write_all(&mut client, &TLS_ALERT_ACCESS_DENIED).await;
+                let _ = client.write_all(&TLS_ALERT_ACCESS_DENIED).await;
                 rec.finish(policy, &shared.metrics);
                 return;
             }
         }
     }
-    finish_tunnel(shared, policy, &mut client, &mut upstream, &buf, rec).await;
+    finish_tunnel(shared, policy, &mut client, &mut upstream, buf, rec).await;
 }
 
 /// Reads until `buf` holds a complete ClientHello, within the hello timeout and size limit.
@@ -396,7 +531,7 @@ pub(crate) async fn finish_tunnel(
     policy: &CompiledPolicy,
     client: &mut TcpStream,
     upstream: &mut TcpStream,
-    early: &[u8],
+    early: BytesMut,
     mut rec: ConnRecord,
 ) {
     match tunnel::relay(client, upstream, early, shared.limits.idle_timeout, &shared.pipes).await {
@@ -424,7 +559,11 @@ pub(crate) async fn finish_tunnel(
 /// The sandbox id in `Proxy-Authorization: Basic base64(id:secret)`; the secret is ignored
 /// here and never logged.
 fn proxy_user(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get(header::PROXY_AUTHORIZATION)?.to_str().ok()?;
+    basic_user(headers.get(header::PROXY_AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The user of a `Basic` credential, if it is a well-formed sandbox id.
+fn basic_user(v: &str) -> Option<String> {
     let (scheme, creds) = v.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
@@ -520,5 +659,35 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A client stream with bytes already read from it put back in front, so hyper sees the
+/// connection from its first byte.
+struct Prefixed {
+    prefix: Bytes,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -83,7 +83,7 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         return Err(StartError::NoListener);
     }
     let bind = |addr: SocketAddr, what: &'static str| async move {
-        TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, what, source })
+        listen(addr).map_err(|source| StartError::Bind { addr, what, source })
     };
     let explicit = match config.explicit {
         Some(a) => Some(bind(a, "explicit proxy").await?),
@@ -164,6 +164,21 @@ impl RunningProxy {
     }
 }
 
+/// Pending connections the kernel may queue per listener (capped by `net.core.somaxconn`):
+/// a burst of thousands of connects must not overflow into SYN retransmits, which cost a
+/// client whole seconds.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// Binds a listener with `SO_REUSEADDR` (restarts do not wait for TIME_WAIT) and a deep backlog.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -210,11 +225,7 @@ async fn accept_loop(
 /// Turns away a connection over a limit: explicit clients get a 503 they can read.
 fn reject(shared: &Shared, stream: TcpStream, peer: SocketAddr, kind: Listener, e: &ProxyError) {
     if kind == Listener::Explicit {
-        let msg = format!(
-            "HTTP/1.1 503 Service Unavailable\r\nx-sandgate-reason: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\nsandgate: {e}\n",
-            e.as_label(),
-            e.to_string().len() + 11
-        );
+        let msg = shared::raw_response("503 Service Unavailable", e.as_label(), &format!("sandgate: {e}\n"));
         let _ = stream.try_write(msg.as_bytes());
     }
     let policy = shared.policy();

@@ -140,6 +140,15 @@ impl Shared {
     }
 }
 
+/// A complete `Connection: close` HTTP/1.1 response with a text body and the reason header,
+/// for answers written straight to a socket (outside hyper).
+pub(crate) fn raw_response(status: &str, reason: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\nx-sandgate-reason: {reason}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// The one-line body of a denial: what was denied, why, and under which profile.
 pub(crate) fn denial_message(policy: &CompiledPolicy, host: &str, port: u16, d: &Decision) -> String {
     format!("sandgate: denied {host}:{port} ({}; profile {})\n", d.reason.describe(), policy.profile_name(d.profile))

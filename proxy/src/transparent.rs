@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use crate::error::ProxyError;
 use crate::explicit::{TLS_ALERT_ACCESS_DENIED, finish_tunnel, read_hello};
 use crate::log::{ConnRecord, Listener};
-use crate::shared::{ConnGuard, Refusal, Shared, denial_message};
+use crate::shared::{ConnGuard, Refusal, Shared, denial_message, raw_response};
 use crate::sni;
 
 /// Headers parsed from a plain-HTTP request head to find its Host.
@@ -111,7 +111,7 @@ pub(crate) async fn serve(
         Err(Refusal::Denied(d)) => return refuse(&shared, &policy, client, rec, &d, &peeked).await,
         Err(Refusal::Failed(e)) => return fail(&shared, &policy, rec, e),
     };
-    finish_tunnel(&shared, &policy, &mut client, &mut upstream, &buf, rec).await;
+    finish_tunnel(&shared, &policy, &mut client, &mut upstream, buf, rec).await;
 }
 
 /// Answers a denial in the client's own protocol: a TLS alert, an HTTP 403, or a close.
@@ -129,13 +129,7 @@ async fn refuse(
         }
         Peeked::Http => {
             let body = denial_message(policy, rec.host.as_deref().unwrap_or(""), rec.port, d);
-            let head = format!(
-                "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\nx-sandgate-reason: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                d.reason.as_str(),
-                body.len()
-            );
-            let _ = client.write_all(head.as_bytes()).await;
-            let _ = client.write_all(body.as_bytes()).await;
+            let _ = client.write_all(raw_response("403 Forbidden", d.reason.as_str(), &body).as_bytes()).await;
         }
         Peeked::Silent | Peeked::Other => {}
     }

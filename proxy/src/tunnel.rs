@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -82,23 +83,25 @@ impl PipePool {
 
 /// Relays both directions until both have ended, a socket fails, or nothing moves for `idle`.
 /// `early_up` holds bytes already read from the client (a ClientHello, a request head) that
-/// must reach the upstream first.
+/// must reach the upstream first; it is freed once written, so an idle tunnel holds no buffer.
 pub async fn relay(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
-    early_up: &[u8],
+    early_up: BytesMut,
     idle: Duration,
     pool: &PipePool,
 ) -> Result<Transferred, TunnelError> {
+    let early_len = early_up.len() as u64;
     if !early_up.is_empty() {
         upstream
-            .write_all(early_up)
+            .write_all(&early_up)
             .await
             .map_err(|source| TunnelError::Io { source, moved: Transferred::default() })?;
     }
+    drop(early_up);
     let started = Instant::now();
     let last = AtomicU64::new(0);
-    let up = AtomicU64::new(early_up.len() as u64);
+    let up = AtomicU64::new(early_len);
     let down = AtomicU64::new(0);
     let moved = || Transferred { up: up.load(Ordering::Relaxed), down: down.load(Ordering::Relaxed) };
     let both = async {
@@ -215,7 +218,7 @@ mod tests {
         let (mut upstream, mut server) = pair().await;
         let pool = PipePool::default();
         let relay = tokio::spawn(async move {
-            relay(&mut client, &mut upstream, b"hello ", Duration::from_secs(5), &pool).await.unwrap()
+            relay(&mut client, &mut upstream, BytesMut::from(&b"hello "[..]), Duration::from_secs(5), &pool).await.unwrap()
         });
         let payload = vec![0xabu8; 3 << 20];
         let p2 = payload.clone();
@@ -244,7 +247,7 @@ mod tests {
         let (_c, mut client) = pair().await;
         let (mut upstream, _s) = pair().await;
         let pool = PipePool::default();
-        let r = relay(&mut client, &mut upstream, b"", Duration::from_millis(200), &pool).await;
+        let r = relay(&mut client, &mut upstream, BytesMut::new(), Duration::from_millis(200), &pool).await;
         assert!(matches!(r, Err(TunnelError::Idle(..))), "{r:?}");
     }
 }
