@@ -67,6 +67,9 @@ pub(crate) struct ProxyArgs {
     /// Do not open the admin listener.
     #[arg(long)]
     pub(crate) no_admin: bool,
+    /// Worker threads serving connections (default: half the CPUs, at least one).
+    #[arg(long, value_name = "N", env = "SANDGATE_WORKERS")]
+    pub(crate) workers: Option<usize>,
     /// Upstream DNS server (`IP` or `IP:PORT`); repeatable. Default: /etc/resolv.conf.
     #[arg(long, value_name = "ADDR", value_parser = parse_dns, env = "SANDGATE_DNS_SERVER", value_delimiter = ',')]
     pub(crate) dns_server: Vec<SocketAddr>,

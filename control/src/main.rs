@@ -116,6 +116,7 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
         dns_servers: args.dns_server,
         policy_path: args.policy,
         policy_poll: args.policy_poll,
+        workers: args.workers.unwrap_or_else(sandgate_proxy::default_workers),
         limits: Limits {
             max_header_bytes: args.max_header_bytes,
             header_timeout: args.header_timeout,
@@ -129,7 +130,9 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
             drain_timeout: args.drain_timeout,
         },
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // This runtime only runs signals, the admin listener and the policy watcher; connections
+    // are served by the proxy's own worker threads.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sandgate: cannot start the async runtime: {e}");

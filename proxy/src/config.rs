@@ -24,6 +24,8 @@ pub struct ProxyConfig {
     pub policy_path: Option<PathBuf>,
     /// How often the policy file is checked for changes.
     pub policy_poll: Duration,
+    /// Worker threads serving connections (each a single-threaded runtime).
+    pub workers: usize,
     /// Limits on clients and upstreams.
     pub limits: Limits,
 }
@@ -72,6 +74,13 @@ impl Default for Limits {
     }
 }
 
+/// Worker threads by default: half the CPUs, at least one. The proxy shares its machine with
+/// the sandboxes it serves; on 2 shared cores one worker used about a third less CPU per
+/// HTTPS request than two (fewer context switches, more events per wake-up), see the README.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (usize::from(n) / 2).max(1))
+}
+
 impl Default for ProxyConfig {
     fn default() -> Self {
         Self {
@@ -82,6 +91,7 @@ impl Default for ProxyConfig {
             dns_servers: Vec::new(),
             policy_path: None,
             policy_poll: Duration::from_secs(2),
+            workers: default_workers(),
             limits: Limits::default(),
         }
     }

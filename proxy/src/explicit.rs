@@ -70,7 +70,6 @@ struct CachedUpstream {
 /// tunnelled directly, without hyper, so a tunnel costs no HTTP machinery and keeps no buffer.
 /// Anything else is handed to hyper with the bytes already read replayed in front.
 pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: SocketAddr, guard: ConnGuard) {
-    let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     match read_first_head(&mut stream, &mut buf, &shared.limits).await {
         FirstHead::Connect { authority, user, len } => {
@@ -158,10 +157,13 @@ async fn connect_fast(
     let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
     let profile = policy.select_profile(client.ip(), user.as_deref());
     rec.sandbox = user;
-    let parsed = authority.parse::<http::uri::Authority>().ok().and_then(|a| Some((Host::parse(a.host()).ok()?, a.port_u16()?)));
+    let parsed =
+        authority.parse::<http::uri::Authority>().ok().and_then(|a| Some((Host::parse(a.host()).ok()?, a.port_u16()?)));
     let Some((host, port)) = parsed else {
         let e = ProxyError::MalformedRequest("CONNECT needs host:port");
-        let _ = stream.write_all(raw_response("400 Bad Request", e.as_label(), &format!("sandgate: {e}\n")).as_bytes()).await;
+        let _ = stream
+            .write_all(raw_response("400 Bad Request", e.as_label(), &format!("sandgate: {e}\n")).as_bytes())
+            .await;
         rec.fail(&e);
         return rec.finish(&policy, &shared.metrics);
     };

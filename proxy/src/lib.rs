@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use config::{Limits, ProxyConfig};
+pub use config::{Limits, ProxyConfig, default_workers};
 pub use error::{ProxyError, Side};
 pub use metrics::ProxyMetrics;
 pub use reload::{LoadError, load_policy};
@@ -56,6 +56,9 @@ pub enum StartError {
     /// Metrics could not be registered (a bug).
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// A worker thread could not be started.
+    #[error("cannot start a worker thread: {0}")]
+    Worker(String),
     /// No listener was configured.
     #[error("no listener configured; give at least one of --listen, --transparent or --sni-relay")]
     NoListener,
@@ -78,27 +81,45 @@ pub struct RunningProxy {
 }
 
 /// Binds every configured listener and starts serving with `policy`.
+///
+/// Connections are served by `config.workers` threads, each running its own single-threaded
+/// runtime with its own `SO_REUSEPORT` copy of every listener: the kernel spreads connections
+/// across them and a connection never changes thread, so there are no cross-thread wake-ups
+/// on the hot path (the nginx model). The admin listener and the policy watcher run on the
+/// caller's runtime.
 pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<RunningProxy, StartError> {
     if config.explicit.is_none() && config.transparent.is_none() && config.sni_relays.is_empty() {
         return Err(StartError::NoListener);
     }
-    let bind = |addr: SocketAddr, what: &'static str| async move {
-        listen(addr).map_err(|source| StartError::Bind { addr, what, source })
-    };
-    let explicit = match config.explicit {
-        Some(a) => Some(bind(a, "explicit proxy").await?),
-        None => None,
-    };
-    let transparent = match config.transparent {
-        Some(a) => Some(bind(a, "transparent").await?),
-        None => None,
-    };
-    let mut relays = Vec::with_capacity(config.sni_relays.len());
+    let workers = config.workers.max(1);
+    // Every worker gets a copy of each listener; the first copy fixes the port when 0 was asked.
+    let mut kinds: Vec<(SocketAddr, &'static str, Listener, Option<u16>)> = Vec::new();
+    if let Some(a) = config.explicit {
+        kinds.push((a, "explicit proxy", Listener::Explicit, None));
+    }
+    if let Some(a) = config.transparent {
+        kinds.push((a, "transparent", Listener::Transparent, None));
+    }
     for (a, port) in &config.sni_relays {
-        relays.push((bind(*a, "SNI relay").await?, *port));
+        kinds.push((*a, "SNI relay", Listener::Sni, Some(*port)));
+    }
+    let mut per_worker: Vec<Vec<(std::net::TcpListener, Listener, Option<u16>)>> =
+        (0..workers).map(|_| Vec::new()).collect();
+    let mut bound = Vec::with_capacity(kinds.len());
+    for (addr, what, kind, port) in kinds {
+        let mut actual = addr;
+        for listeners in &mut per_worker {
+            let l = listen(actual, true).map_err(|source| StartError::Bind { addr, what, source })?;
+            actual = l.local_addr().map_err(|source| StartError::Bind { addr, what, source })?;
+            listeners.push((l, kind, port));
+        }
+        bound.push((kind, actual));
     }
     let admin = match config.admin {
-        Some(a) => Some(bind(a, "admin").await?),
+        Some(addr) => {
+            let l = listen(addr, false).map_err(|source| StartError::Bind { addr, what: "admin", source })?;
+            Some(TcpListener::from_std(l).map_err(|source| StartError::Bind { addr, what: "admin", source })?)
+        }
         None => None,
     };
     let resolver = resolve::Resolver::new(&config.dns_servers).map_err(StartError::Resolver)?;
@@ -106,24 +127,26 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
     let (policy_tx, policy_rx) = watch::channel(Arc::new(policy));
     let shared = Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone()));
     let (stop, stop_rx) = watch::channel(false);
-    let addr = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+    let find = |k: Listener| bound.iter().find(|(kind, _)| *kind == k).map(|(_, a)| *a);
     let mut running = RunningProxy {
-        explicit: addr(&explicit),
-        transparent: addr(&transparent),
-        sni_relays: relays.iter().filter_map(|(l, _)| l.local_addr().ok()).collect(),
-        admin: addr(&admin),
+        explicit: find(Listener::Explicit),
+        transparent: find(Listener::Transparent),
+        sni_relays: bound.iter().filter(|(k, _)| *k == Listener::Sni).map(|(_, a)| *a).collect(),
+        admin: admin.as_ref().and_then(|l| l.local_addr().ok()),
         shared: shared.clone(),
         stop,
         tasks: JoinSet::new(),
     };
-    if let Some(l) = explicit {
-        running.tasks.spawn(accept_loop(l, shared.clone(), Listener::Explicit, None, stop_rx.clone()));
-    }
-    if let Some(l) = transparent {
-        running.tasks.spawn(accept_loop(l, shared.clone(), Listener::Transparent, None, stop_rx.clone()));
-    }
-    for (l, port) in relays {
-        running.tasks.spawn(accept_loop(l, shared.clone(), Listener::Sni, Some(port), stop_rx.clone()));
+    for (i, listeners) in per_worker.into_iter().enumerate() {
+        let (shared, stop) = (shared.clone(), stop_rx.clone());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("sandgate-worker-{i}"))
+            .spawn(move || worker(listeners, shared, stop, done_tx))
+            .map_err(|e| StartError::Worker(e.to_string()))?;
+        running.tasks.spawn(async move {
+            let _ = done_rx.await;
+        });
     }
     if let Some(l) = admin {
         running.tasks.spawn(admin::serve(l, shared.clone(), stop_rx.clone()));
@@ -131,6 +154,38 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
     // The watcher runs detached: it ends when every policy receiver (the shared state) is gone.
     tokio::spawn(reload::watch_policy(config.policy_path.clone(), policy_tx, metrics, config.policy_poll));
     Ok(running)
+}
+
+/// One worker thread: a single-threaded runtime serving its copies of the listeners until
+/// told to stop, then its live connections until they end (or the process exits).
+fn worker(
+    listeners: Vec<(std::net::TcpListener, Listener, Option<u16>)>,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    done: tokio::sync::oneshot::Sender<()>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start a worker runtime: {e}");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let mut accepting = JoinSet::new();
+        for (l, kind, port) in listeners {
+            match TcpListener::from_std(l) {
+                Ok(l) => {
+                    accepting.spawn(accept_loop(l, shared.clone(), kind, port, stop.clone()));
+                }
+                Err(e) => tracing::error!(listener = kind.as_str(), "cannot register a listener: {e}"),
+            }
+        }
+        while accepting.join_next().await.is_some() {}
+        let _ = done.send(());
+        // Keep serving this worker's live connections while the process drains.
+        std::future::pending::<()>().await;
+    });
 }
 
 impl RunningProxy {
@@ -169,14 +224,21 @@ impl RunningProxy {
 /// client whole seconds.
 const LISTEN_BACKLOG: i32 = 4096;
 
-/// Binds a listener with `SO_REUSEADDR` (restarts do not wait for TIME_WAIT) and a deep backlog.
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// Binds a listener with `SO_REUSEADDR` (restarts do not wait for TIME_WAIT), a deep backlog,
+/// and `SO_REUSEPORT` when each worker gets its own copy.
+fn listen(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
+    // Accepted sockets inherit TCP_NODELAY from the listener: one setsockopt per listener
+    // instead of one per connection. Small writes (handshakes, heads) must not wait for Nagle.
+    socket.set_tcp_nodelay(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 async fn accept_loop(

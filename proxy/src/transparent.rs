@@ -40,7 +40,6 @@ pub(crate) async fn serve(
     relay_port: Option<u16>,
     _guard: ConnGuard,
 ) {
-    let _ = client.set_nodelay(true);
     let policy = shared.policy();
     let mut rec = ConnRecord::new(shared.next_id(), listener, peer);
     let orig = match relay_port {

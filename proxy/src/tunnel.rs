@@ -6,7 +6,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -19,7 +19,13 @@ const SPLICE_CHUNK: usize = 1 << 20;
 /// Pipe capacity asked for; the kernel's default of 64 KiB costs 16x more syscalls per byte.
 const PIPE_SIZE: usize = 1 << 20;
 /// Idle pipes kept for reuse; more are closed when returned.
-const POOL_KEEP: usize = 64;
+const POOL_KEEP: usize = 256;
+/// Bytes a direction copies through user space before it switches to splice: handshakes and
+/// short exchanges are cheaper as one read and one write than as two splices through a pipe;
+/// bulk transfers are far cheaper spliced.
+const SPLICE_AFTER: u64 = 64 * 1024;
+/// The transient copy buffer: one TLS record and then some.
+const COPY_CHUNK: usize = 16 * 1024 + 512;
 
 /// A pool of pipes for splicing, shared by every tunnel.
 #[derive(Debug, Default)]
@@ -31,6 +37,9 @@ pub struct PipePool {
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+    /// The pipe's capacity: a splice into an empty pipe that moves less than this found the
+    /// socket drained.
+    capacity: usize,
 }
 
 /// Bytes moved by a finished tunnel.
@@ -68,8 +77,10 @@ impl PipePool {
         }
         let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
         // Best effort: a smaller pipe still works, only with more syscalls.
-        let _ = rustix::pipe::fcntl_setpipe_size(&write, PIPE_SIZE);
-        Ok(Pipe { read, write })
+        let capacity = rustix::pipe::fcntl_setpipe_size(&write, PIPE_SIZE)
+            .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))
+            .unwrap_or(4096);
+        Ok(Pipe { read, write, capacity })
     }
 
     fn give(&self, pipe: Pipe) {
@@ -79,6 +90,85 @@ impl PipePool {
             v.push(pipe);
         }
     }
+}
+
+/// What one step of a direction did.
+enum Chunk {
+    /// The source reached end of stream.
+    Eof,
+    /// Nothing to read now; readiness is cleared, so the next step waits.
+    Drained,
+    /// This many bytes reached the destination.
+    Moved(usize),
+}
+
+/// Reads once into a transient buffer and writes it all. The buffer lives only while bytes
+/// are in flight, so an idle tunnel holds none.
+async fn copy_chunk(from: &TcpStream, to: &TcpStream) -> io::Result<Chunk> {
+    from.readable().await?;
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut moved = 0;
+    // As with splice below: a short read drained the socket, so clear readiness now.
+    let r = from.try_io(Interest::READABLE, || {
+        let n = rustix::io::read(from, &mut buf[..]).map_err(io::Error::from)?;
+        moved = n;
+        if n > 0 && n < COPY_CHUNK { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+    });
+    let n = match r {
+        Ok(0) => return Ok(Chunk::Eof),
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && moved > 0 => moved,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Chunk::Drained),
+        Err(e) => return Err(e),
+    };
+    let mut off = 0;
+    while off < n {
+        to.writable().await?;
+        match to.try_write(&buf[off..n]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(m) => off += m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Chunk::Moved(n))
+}
+
+/// Splices what the socket holds (up to the pipe's capacity) into the pipe, then all of it
+/// out to the destination. The pipe is empty before and after.
+async fn splice_chunk(from: &TcpStream, to: &TcpStream, pipe: &Pipe) -> io::Result<Chunk> {
+    // A splice into the empty pipe that moves less than the pipe holds has drained the
+    // socket: report it as WouldBlock so tokio clears the readiness now, instead of paying one
+    // more splice that fails with EAGAIN. A later arrival is a new edge.
+    let mut moved = 0;
+    let want = SPLICE_CHUNK.min(pipe.capacity);
+    let r = from.try_io(Interest::READABLE, || {
+        let n = rustix::pipe::splice(from, None, &pipe.write, None, want, SpliceFlags::NONBLOCK | SpliceFlags::MOVE)
+            .map_err(io::Error::from)?;
+        moved = n;
+        if n > 0 && n < want { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+    });
+    let n = match r {
+        Ok(0) => return Ok(Chunk::Eof),
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && moved > 0 => moved,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Chunk::Drained),
+        Err(e) => return Err(e),
+    };
+    let mut left = n;
+    while left > 0 {
+        to.writable().await?;
+        match to.try_io(Interest::WRITABLE, || {
+            rustix::pipe::splice(&pipe.read, None, to, None, left, SpliceFlags::NONBLOCK | SpliceFlags::MOVE)
+                .map_err(io::Error::from)
+        }) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(m) => left -= m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Chunk::Moved(n))
 }
 
 /// Relays both directions until both have ended, a socket fails, or nothing moves for `idle`.
@@ -103,11 +193,12 @@ pub async fn relay(
     let last = AtomicU64::new(0);
     let up = AtomicU64::new(early_len);
     let down = AtomicU64::new(0);
+    let ended = AtomicU8::new(0);
     let moved = || Transferred { up: up.load(Ordering::Relaxed), down: down.load(Ordering::Relaxed) };
     let both = async {
         let (a, b) = tokio::join!(
-            one_way(client, upstream, pool, &up, &last, started),
-            one_way(upstream, client, pool, &down, &last, started),
+            one_way(client, upstream, pool, &up, &last, started, &ended),
+            one_way(upstream, client, pool, &down, &last, started, &ended),
         );
         a.and(b)
     };
@@ -135,52 +226,39 @@ async fn one_way(
     count: &AtomicU64,
     last: &AtomicU64,
     started: Instant,
+    ended: &AtomicU8,
 ) -> io::Result<()> {
     let mut held: Option<Pipe> = None;
+    let mut total: u64 = 0;
     let result = async {
         loop {
-            let pipe = match held.as_ref() {
-                Some(p) => p,
-                None => {
-                    from.readable().await?;
-                    held.insert(pool.take()?)
+            let n = if total < SPLICE_AFTER {
+                match copy_chunk(from, to).await? {
+                    Chunk::Eof => return Ok(()),
+                    Chunk::Drained => continue,
+                    Chunk::Moved(n) => n,
                 }
-            };
-            let n = match from.try_io(Interest::READABLE, || {
-                rustix::pipe::splice(
-                    from,
-                    None,
-                    &pipe.write,
-                    None,
-                    SPLICE_CHUNK,
-                    SpliceFlags::NONBLOCK | SpliceFlags::MOVE,
-                )
-                .map_err(io::Error::from)
-            }) {
-                Ok(0) => return Ok(()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // Drained: give the pipe back while this direction waits for data.
-                    if let Some(p) = held.take() {
-                        pool.give(p);
+            } else {
+                let pipe = match held.as_ref() {
+                    Some(p) => p,
+                    None => {
+                        from.readable().await?;
+                        held.insert(pool.take()?)
                     }
-                    continue;
+                };
+                match splice_chunk(from, to, pipe).await? {
+                    Chunk::Eof => return Ok(()),
+                    Chunk::Drained => {
+                        // Give the pipe back while this direction waits for data.
+                        if let Some(p) = held.take() {
+                            pool.give(p);
+                        }
+                        continue;
+                    }
+                    Chunk::Moved(n) => n,
                 }
-                Err(e) => return Err(e),
             };
-            let mut left = n;
-            while left > 0 {
-                to.writable().await?;
-                match to.try_io(Interest::WRITABLE, || {
-                    rustix::pipe::splice(&pipe.read, None, to, None, left, SpliceFlags::NONBLOCK | SpliceFlags::MOVE)
-                        .map_err(io::Error::from)
-                }) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(m) => left -= m,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            total += n as u64;
             count.fetch_add(n as u64, Ordering::Relaxed);
             last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
         }
@@ -192,7 +270,11 @@ async fn one_way(
             if let Some(p) = held.take() {
                 pool.give(p);
             }
-            let _ = socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
+            // The first direction to end half-closes its peer; when the second ends both sockets
+            // are about to be closed, which sends the FIN anyway.
+            if ended.fetch_add(1, Ordering::Relaxed) == 0 {
+                let _ = socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
+            }
             Ok(())
         }
         Err(e) => Err(e),
@@ -218,7 +300,9 @@ mod tests {
         let (mut upstream, mut server) = pair().await;
         let pool = PipePool::default();
         let relay = tokio::spawn(async move {
-            relay(&mut client, &mut upstream, BytesMut::from(&b"hello "[..]), Duration::from_secs(5), &pool).await.unwrap()
+            relay(&mut client, &mut upstream, BytesMut::from(&b"hello "[..]), Duration::from_secs(5), &pool)
+                .await
+                .unwrap()
         });
         let payload = vec![0xabu8; 3 << 20];
         let p2 = payload.clone();

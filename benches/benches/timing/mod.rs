@@ -1,6 +1,8 @@
 //! A minimal timing loop shared by the benches: runs a closure in batches until about a
 //! second has passed and reports the median ns per call over the batches.
 
+#![expect(clippy::print_stdout, reason = "a benchmark prints its results")]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
