@@ -4,6 +4,7 @@
 //! upstream connections kept alive per client connection.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,8 +74,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: So
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     match read_first_head(&mut stream, &mut buf, &shared.limits).await {
         FirstHead::Connect { authority, user, len } => {
-            connect_fast(&shared, stream, client, buf, len, &authority, user).await;
-            drop(guard);
+            connect_fast(&shared, stream, client, buf, len, &authority, user, guard).await;
         }
         FirstHead::Failed(error) => {
             let policy = shared.policy();
@@ -90,7 +90,10 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: So
             rec.fail(&error);
             rec.finish(&policy, &shared.metrics);
         }
-        FirstHead::Other => serve_http(shared, Prefixed { prefix: buf.freeze(), inner: stream }, client, guard).await,
+        // Boxed: hyper's connection future is large and most connections are CONNECT tunnels.
+        FirstHead::Other => {
+            Box::pin(serve_http(shared, Prefixed { prefix: buf.freeze(), inner: stream }, client, guard)).await;
+        }
     }
 }
 
@@ -144,14 +147,16 @@ async fn read_first_head(stream: &mut TcpStream, buf: &mut BytesMut, limits: &cr
 }
 
 /// Answers a first-request CONNECT and runs its tunnel.
+#[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
 async fn connect_fast(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     mut stream: TcpStream,
     client: SocketAddr,
-    mut buf: BytesMut,
+    buf: BytesMut,
     head_len: usize,
     authority: &str,
     user: Option<String>,
+    guard: ConnGuard,
 ) {
     let policy = shared.policy();
     let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
@@ -169,16 +174,27 @@ async fn connect_fast(
     };
     rec.host = Some(host.to_string());
     rec.port = port;
-    match shared.open_upstream(&policy, &mut rec, profile, &host, port).await {
+    // Boxed: the resolver's future is large and lives only while the tunnel is set up.
+    match Box::pin(shared.open_upstream(&policy, &mut rec, profile, &host, port)).await {
         Ok(upstream) => {
             if let Err(e) = stream.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await {
                 rec.fail(&ProxyError::Io(e));
                 return rec.finish(&policy, &shared.metrics);
             }
-            // Bytes the client sent after the head (a pipelined ClientHello) go first.
-            let early = buf.split_off(head_len);
+            // Bytes the client sent after the head (a pipelined ClientHello) go first; copied so
+            // the head's buffer is freed now rather than held for the tunnel's life.
+            let early = match buf.get(head_len..) {
+                Some(rest) if !rest.is_empty() => BytesMut::from(rest),
+                _ => BytesMut::new(),
+            };
             drop(buf);
-            tunnel_after_connect(shared, &policy, stream, early, upstream, rec, profile, &host).await;
+            // The tunnel gets a task of its own, sized for the tunnel alone: the set-up
+            // task's larger state is freed now instead of being held for the tunnel's life.
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let _guard = guard;
+                tunnel_after_connect(&shared, &policy, stream, early, upstream, rec, profile, &host).await;
+            });
         }
         Err(Refusal::Denied(d)) => {
             let body = denial_message(&policy, &host.to_string(), port, &d);
@@ -259,7 +275,7 @@ impl ExplicitConn {
         &self,
         req: Request<Incoming>,
         policy: Arc<CompiledPolicy>,
-        mut rec: ConnRecord,
+        mut rec: Box<ConnRecord>,
         profile: ProfileId,
     ) -> Response<ProxyBody> {
         let Some((host, port)) = req.uri().authority().and_then(|a| Some((a.host(), a.port_u16()?))) else {
@@ -271,7 +287,7 @@ impl ExplicitConn {
         };
         rec.host = Some(host.to_string());
         rec.port = port;
-        let upstream = match self.shared.open_upstream(&policy, &mut rec, profile, &host, port).await {
+        let upstream = match Box::pin(self.shared.open_upstream(&policy, &mut rec, profile, &host, port)).await {
             Ok(s) => s,
             Err(Refusal::Denied(d)) => return self.deny(&policy, rec, &d),
             Err(Refusal::Failed(e)) => return self.fail(&policy, rec, e),
@@ -303,7 +319,7 @@ impl ExplicitConn {
         &self,
         req: Request<Incoming>,
         policy: Arc<CompiledPolicy>,
-        mut rec: ConnRecord,
+        mut rec: Box<ConnRecord>,
         profile: ProfileId,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = req.into_parts();
@@ -410,7 +426,7 @@ impl ExplicitConn {
         }
     }
 
-    fn deny(&self, policy: &CompiledPolicy, rec: ConnRecord, d: &Decision) -> Response<ProxyBody> {
+    fn deny(&self, policy: &CompiledPolicy, rec: Box<ConnRecord>, d: &Decision) -> Response<ProxyBody> {
         let host = rec.host.clone().unwrap_or_default();
         let body = denial_message(policy, &host, rec.port, d);
         let reason = d.reason.as_str();
@@ -418,7 +434,7 @@ impl ExplicitConn {
         text_response(StatusCode::FORBIDDEN, reason, body)
     }
 
-    fn fail(&self, policy: &CompiledPolicy, mut rec: ConnRecord, e: ProxyError) -> Response<ProxyBody> {
+    fn fail(&self, policy: &CompiledPolicy, mut rec: Box<ConnRecord>, e: ProxyError) -> Response<ProxyBody> {
         rec.fail(&e);
         let body = format!("sandgate: {e}\n");
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -430,24 +446,30 @@ impl ExplicitConn {
 /// After `200 Connection established`: checks the ClientHello against the CONNECT host (if
 /// the client speaks first), then splices.
 #[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
-async fn tunnel_after_connect(
+pub(crate) async fn tunnel_after_connect(
     shared: &Shared,
     policy: &CompiledPolicy,
     mut client: TcpStream,
     mut buf: BytesMut,
     mut upstream: TcpStream,
-    mut rec: ConnRecord,
+    mut rec: Box<ConnRecord>,
     profile: ProfileId,
     host: &Host,
 ) {
     if buf.is_empty() {
         // Whoever speaks first decides: a client-first protocol gets its ClientHello checked,
         // a server-first one (SSH, SMTP) is relayed as it is.
-        tokio::select! {
-            _ = client.readable() => {}
-            _ = upstream.readable() => {}
-            () = tokio::time::sleep(shared.limits.idle_timeout) => {}
-        }
+        // Polled by hand: readiness is registered without storing two readiness futures in
+        // every waiting tunnel.
+        let mut timer = std::pin::pin!(tokio::time::sleep(shared.limits.idle_timeout));
+        std::future::poll_fn(|cx| {
+            let woke = client.poll_read_ready(cx).is_ready()
+                | upstream.poll_read_ready(cx).is_ready()
+                | timer.as_mut().poll(cx).is_ready();
+            if woke { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+        })
+        .await;
+        buf.reserve(4096);
         if let Err(e) = client.try_read_buf(&mut buf)
             && e.kind() != std::io::ErrorKind::WouldBlock
         {
@@ -457,7 +479,7 @@ async fn tunnel_after_connect(
         }
     }
     if buf.first().is_some_and(|b| sni::looks_like_tls(*b)) {
-        match read_hello(&mut client, &mut buf, &shared.limits).await {
+        match Box::pin(read_hello(&mut client, &mut buf, &shared.limits)).await {
             Ok(()) => {}
             Err(e) => {
                 rec.fail(&e);
@@ -534,7 +556,7 @@ pub(crate) async fn finish_tunnel(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     early: BytesMut,
-    mut rec: ConnRecord,
+    mut rec: Box<ConnRecord>,
 ) {
     match tunnel::relay(client, upstream, early, shared.limits.idle_timeout, &shared.pipes).await {
         Ok(t) => {
@@ -613,7 +635,7 @@ struct Counted<B> {
 }
 
 struct Finisher {
-    rec: Option<ConnRecord>,
+    rec: Option<Box<ConnRecord>>,
     up: Arc<AtomicU64>,
     policy: Arc<CompiledPolicy>,
     shared: Arc<Shared>,

@@ -262,7 +262,7 @@ async fn accept_loop(
             },
             _ = stop.changed() => return,
         };
-        let guard = match shared.admit(peer.ip()) {
+        let guard = match shared.admit(peer.ip(), &gauge) {
             Ok(g) => g,
             Err(e) => {
                 reject(&shared, stream, peer, kind, &e);
@@ -270,16 +270,13 @@ async fn accept_loop(
             }
         };
         let shared = shared.clone();
-        let gauge = gauge.clone();
         tokio::spawn(async move {
-            gauge.inc();
             match kind {
                 Listener::Explicit => explicit::serve(shared, stream, peer, guard).await,
                 Listener::Transparent | Listener::Sni => {
                     transparent::serve(shared, stream, peer, kind, relay_port, guard).await;
                 }
             }
-            gauge.dec();
         });
     }
 }

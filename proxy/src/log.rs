@@ -109,9 +109,10 @@ pub struct ConnRecord {
 }
 
 impl ConnRecord {
-    /// A record for a newly accepted connection.
-    pub fn new(id: u64, listener: Listener, client: SocketAddr) -> Self {
-        Self {
+    /// A record for a newly accepted connection. Boxed: it travels through the connection's
+    /// nested futures by pointer rather than being copied into each one's state.
+    pub fn new(id: u64, listener: Listener, client: SocketAddr) -> Box<Self> {
+        Box::new(Self {
             id,
             listener,
             client,
@@ -127,7 +128,7 @@ impl ConnRecord {
             up: 0,
             down: 0,
             error: None,
-        }
+        })
     }
 
     /// Records a failure.
@@ -136,7 +137,7 @@ impl ConnRecord {
     }
 
     /// Emits the log event and counts the connection. Call once, at the end.
-    pub fn finish(self, policy: &CompiledPolicy, metrics: &ProxyMetrics) {
+    pub fn finish(self: Box<Self>, policy: &CompiledPolicy, metrics: &ProxyMetrics) {
         let profile = self.decision.map_or("default", |d| policy.profile_name(d.profile));
         let mode = self.decision.map_or("enforce", |d| d.mode.as_str());
         let (verdict, reason) = match (&self.error, self.decision) {

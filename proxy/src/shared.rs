@@ -43,11 +43,13 @@ pub(crate) enum Refusal {
     Failed(ProxyError),
 }
 
-/// Holds a connection's place under the limits; released on drop.
+/// Holds a connection's place under the limits and in the active-connections gauge;
+/// released on drop, wherever the connection's last task ends.
 #[derive(Debug)]
 pub(crate) struct ConnGuard {
     shared: Arc<Shared>,
     client: IpAddr,
+    gauge: prometheus::IntGauge,
 }
 
 // === impl Shared ===
@@ -83,7 +85,11 @@ impl Shared {
     }
 
     /// Takes a place for a new connection from `client`, or says which limit is full.
-    pub(crate) fn admit(self: &Arc<Self>, client: IpAddr) -> Result<ConnGuard, ProxyError> {
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        client: IpAddr,
+        gauge: &prometheus::IntGauge,
+    ) -> Result<ConnGuard, ProxyError> {
         if self.active.fetch_add(1, Ordering::AcqRel) >= self.limits.max_connections {
             self.release_total();
             return Err(ProxyError::LimitTotal);
@@ -99,7 +105,8 @@ impl Shared {
             return Err(ProxyError::LimitClient);
         }
         *n += 1;
-        Ok(ConnGuard { shared: self.clone(), client })
+        gauge.inc();
+        Ok(ConnGuard { shared: self.clone(), client, gauge: gauge.clone() })
     }
 
     fn release_total(&self) {
@@ -158,6 +165,7 @@ pub(crate) fn denial_message(policy: &CompiledPolicy, host: &str, port: u16, d: 
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
+        self.gauge.dec();
         if let Ok(mut map) = self.shared.per_client.lock()
             && let Some(n) = map.get_mut(&self.client)
         {

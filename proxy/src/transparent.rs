@@ -67,7 +67,7 @@ pub(crate) async fn serve(
     let mut ech = false;
     let named = match peeked {
         Peeked::Tls => {
-            if let Err(e) = read_hello(&mut client, &mut buf, &shared.limits).await {
+            if let Err(e) = Box::pin(read_hello(&mut client, &mut buf, &shared.limits)).await {
                 return fail(&shared, &policy, rec, e);
             }
             match sni::parse(&buf) {
@@ -79,7 +79,7 @@ pub(crate) async fn serve(
                 Err(_) => return fail(&shared, &policy, rec, ProxyError::MalformedHello),
             }
         }
-        Peeked::Http => match read_http_host(&mut client, &mut buf, &shared.limits).await {
+        Peeked::Http => match Box::pin(read_http_host(&mut client, &mut buf, &shared.limits)).await {
             Ok(host) => host,
             Err(e) => return fail(&shared, &policy, rec, e),
         },
@@ -105,7 +105,8 @@ pub(crate) async fn serve(
             return refuse(&shared, &policy, client, rec, &d, &peeked).await;
         }
     }
-    let mut upstream = match shared.open_upstream(&policy, &mut rec, profile, &host, port).await {
+    // Boxed: the resolver's future is large and lives only while the tunnel is set up.
+    let mut upstream = match Box::pin(shared.open_upstream(&policy, &mut rec, profile, &host, port)).await {
         Ok(s) => s,
         Err(Refusal::Denied(d)) => return refuse(&shared, &policy, client, rec, &d, &peeked).await,
         Err(Refusal::Failed(e)) => return fail(&shared, &policy, rec, e),
@@ -118,7 +119,7 @@ async fn refuse(
     shared: &Shared,
     policy: &CompiledPolicy,
     mut client: TcpStream,
-    rec: ConnRecord,
+    rec: Box<ConnRecord>,
     d: &Decision,
     peeked: &Peeked,
 ) {
@@ -136,7 +137,7 @@ async fn refuse(
     rec.finish(policy, &shared.metrics);
 }
 
-fn fail(shared: &Shared, policy: &CompiledPolicy, mut rec: ConnRecord, e: ProxyError) {
+fn fail(shared: &Shared, policy: &CompiledPolicy, mut rec: Box<ConnRecord>, e: ProxyError) {
     rec.fail(&e);
     rec.finish(policy, &shared.metrics);
 }

@@ -1,18 +1,22 @@
-//! Moving allowed bytes: splice(2) between the two sockets through a kernel pipe, so tunnel
-//! payload never enters user space. Pipes come from a shared pool and are held only while a
-//! burst is in flight: an idle tunnel holds two sockets and no pipe, which keeps memory and
-//! file descriptors per idle tunnel low.
+//! Moving allowed bytes between a client and its upstream. The first 64 KiB of each
+//! direction (handshakes, short exchanges) are copied through a transient buffer; after that
+//! bytes are spliced (splice(2)) through a kernel pipe and never enter user space. Buffers and
+//! pipes are held only while bytes are in flight, and the relay is a hand-written future that
+//! stores no readiness futures: an idle tunnel costs two sockets and a few hundred bytes.
 
+use std::future::Future;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::pin::Pin;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 /// Bytes asked of one splice call: large enough to move a full socket buffer at once.
 const SPLICE_CHUNK: usize = 1 << 20;
@@ -92,85 +96,6 @@ impl PipePool {
     }
 }
 
-/// What one step of a direction did.
-enum Chunk {
-    /// The source reached end of stream.
-    Eof,
-    /// Nothing to read now; readiness is cleared, so the next step waits.
-    Drained,
-    /// This many bytes reached the destination.
-    Moved(usize),
-}
-
-/// Reads once into a transient buffer and writes it all. The buffer lives only while bytes
-/// are in flight, so an idle tunnel holds none.
-async fn copy_chunk(from: &TcpStream, to: &TcpStream) -> io::Result<Chunk> {
-    from.readable().await?;
-    let mut buf = vec![0u8; COPY_CHUNK];
-    let mut moved = 0;
-    // As with splice below: a short read drained the socket, so clear readiness now.
-    let r = from.try_io(Interest::READABLE, || {
-        let n = rustix::io::read(from, &mut buf[..]).map_err(io::Error::from)?;
-        moved = n;
-        if n > 0 && n < COPY_CHUNK { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
-    });
-    let n = match r {
-        Ok(0) => return Ok(Chunk::Eof),
-        Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock && moved > 0 => moved,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Chunk::Drained),
-        Err(e) => return Err(e),
-    };
-    let mut off = 0;
-    while off < n {
-        to.writable().await?;
-        match to.try_write(&buf[off..n]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(m) => off += m,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Chunk::Moved(n))
-}
-
-/// Splices what the socket holds (up to the pipe's capacity) into the pipe, then all of it
-/// out to the destination. The pipe is empty before and after.
-async fn splice_chunk(from: &TcpStream, to: &TcpStream, pipe: &Pipe) -> io::Result<Chunk> {
-    // A splice into the empty pipe that moves less than the pipe holds has drained the
-    // socket: report it as WouldBlock so tokio clears the readiness now, instead of paying one
-    // more splice that fails with EAGAIN. A later arrival is a new edge.
-    let mut moved = 0;
-    let want = SPLICE_CHUNK.min(pipe.capacity);
-    let r = from.try_io(Interest::READABLE, || {
-        let n = rustix::pipe::splice(from, None, &pipe.write, None, want, SpliceFlags::NONBLOCK | SpliceFlags::MOVE)
-            .map_err(io::Error::from)?;
-        moved = n;
-        if n > 0 && n < want { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
-    });
-    let n = match r {
-        Ok(0) => return Ok(Chunk::Eof),
-        Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock && moved > 0 => moved,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Chunk::Drained),
-        Err(e) => return Err(e),
-    };
-    let mut left = n;
-    while left > 0 {
-        to.writable().await?;
-        match to.try_io(Interest::WRITABLE, || {
-            rustix::pipe::splice(&pipe.read, None, to, None, left, SpliceFlags::NONBLOCK | SpliceFlags::MOVE)
-                .map_err(io::Error::from)
-        }) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(m) => left -= m,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Chunk::Moved(n))
-}
-
 /// Relays both directions until both have ended, a socket fails, or nothing moves for `idle`.
 /// `early_up` holds bytes already read from the client (a ClientHello, a request head) that
 /// must reach the upstream first; it is freed once written, so an idle tunnel holds no buffer.
@@ -189,95 +114,197 @@ pub async fn relay(
             .map_err(|source| TunnelError::Io { source, moved: Transferred::default() })?;
     }
     drop(early_up);
-    let started = Instant::now();
-    let last = AtomicU64::new(0);
-    let up = AtomicU64::new(early_len);
-    let down = AtomicU64::new(0);
-    let ended = AtomicU8::new(0);
-    let moved = || Transferred { up: up.load(Ordering::Relaxed), down: down.load(Ordering::Relaxed) };
-    let both = async {
-        let (a, b) = tokio::join!(
-            one_way(client, upstream, pool, &up, &last, started, &ended),
-            one_way(upstream, client, pool, &down, &last, started, &ended),
-        );
-        a.and(b)
+    let mut relay = Relay {
+        ends: [&*client, &*upstream],
+        pool,
+        dirs: [Dir::default(), Dir::default()],
+        idle,
+        last: Instant::now(),
+        watchdog: Box::pin(tokio::time::sleep(idle)),
+        half_closed: false,
     };
-    let watchdog = async {
-        loop {
-            let since = Duration::from_millis(last.load(Ordering::Relaxed));
-            let quiet = started.elapsed().saturating_sub(since);
-            if quiet >= idle {
-                return;
+    relay.dirs[0].total = early_len;
+    relay.await
+}
+
+/// Both directions of a tunnel, polled by hand.
+struct Relay<'a> {
+    /// `[client, upstream]`; direction 0 is client to upstream, direction 1 the reverse.
+    ends: [&'a TcpStream; 2],
+    pool: &'a PipePool,
+    dirs: [Dir; 2],
+    idle: Duration,
+    last: Instant,
+    watchdog: Pin<Box<Sleep>>,
+    half_closed: bool,
+}
+
+/// One direction's state.
+#[derive(Default)]
+struct Dir {
+    /// Bytes moved so far.
+    total: u64,
+    /// Bytes read but not yet written: in the pipe, or in `buf[off..len]`.
+    pending: usize,
+    pipe: Option<Pipe>,
+    buf: Option<Vec<u8>>,
+    off: usize,
+    done: bool,
+}
+
+impl Future for Relay<'_> {
+    type Output = Result<Transferred, TunnelError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let before = this.moved();
+        for d in 0..2 {
+            let (from, to) = (this.ends[d], this.ends[1 - d]);
+            match poll_dir(&mut this.dirs[d], from, to, this.pool, cx) {
+                Poll::Ready(Ok(())) => {
+                    // End of stream: the first direction to end half-closes its peer; when the
+                    // second ends both sockets are about to be closed, which sends the FIN.
+                    if !this.half_closed {
+                        this.half_closed = true;
+                        let _ = socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
+                    }
+                }
+                Poll::Pending => {}
+                Poll::Ready(Err(source)) => {
+                    return Poll::Ready(Err(TunnelError::Io { source, moved: this.moved() }));
+                }
             }
-            tokio::time::sleep(idle - quiet).await;
         }
-    };
-    tokio::select! {
-        r = both => r.map(|()| moved()).map_err(|source| TunnelError::Io { source, moved: moved() }),
-        () = watchdog => Err(TunnelError::Idle(idle, moved())),
+        if this.dirs.iter().all(|d| d.done) {
+            return Poll::Ready(Ok(this.moved()));
+        }
+        if this.moved() != before {
+            this.last = Instant::now();
+        }
+        // The watchdog fires at `last + idle`; activity only moves `last`, so the timer is
+        // re-armed when it fires rather than on every chunk.
+        while this.watchdog.as_mut().poll(cx).is_ready() {
+            let deadline = this.last + this.idle;
+            if Instant::now() >= deadline {
+                return Poll::Ready(Err(TunnelError::Idle(this.idle, this.moved())));
+            }
+            this.watchdog.as_mut().reset(tokio::time::Instant::from_std(deadline));
+        }
+        Poll::Pending
     }
 }
 
-/// Splices `from` into `to` until `from` reaches end of stream, then half-closes `to`.
-async fn one_way(
+impl Relay<'_> {
+    fn moved(&self) -> Transferred {
+        Transferred { up: self.dirs[0].total, down: self.dirs[1].total }
+    }
+}
+
+/// Moves what it can in one direction. `Ready(Ok(()))` only at end of stream (once); while the
+/// direction lives it returns `Pending` with wake-ups registered, counting bytes in `dir.total`.
+fn poll_dir(
+    dir: &mut Dir,
     from: &TcpStream,
     to: &TcpStream,
     pool: &PipePool,
-    count: &AtomicU64,
-    last: &AtomicU64,
-    started: Instant,
-    ended: &AtomicU8,
-) -> io::Result<()> {
-    let mut held: Option<Pipe> = None;
-    let mut total: u64 = 0;
-    let result = async {
-        loop {
-            let n = if total < SPLICE_AFTER {
-                match copy_chunk(from, to).await? {
-                    Chunk::Eof => return Ok(()),
-                    Chunk::Drained => continue,
-                    Chunk::Moved(n) => n,
-                }
-            } else {
-                let pipe = match held.as_ref() {
-                    Some(p) => p,
-                    None => {
-                        from.readable().await?;
-                        held.insert(pool.take()?)
-                    }
-                };
-                match splice_chunk(from, to, pipe).await? {
-                    Chunk::Eof => return Ok(()),
-                    Chunk::Drained => {
-                        // Give the pipe back while this direction waits for data.
-                        if let Some(p) = held.take() {
-                            pool.give(p);
-                        }
-                        continue;
-                    }
-                    Chunk::Moved(n) => n,
-                }
-            };
-            total += n as u64;
-            count.fetch_add(n as u64, Ordering::Relaxed);
-            last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-        }
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    if dir.done {
+        return Poll::Pending;
     }
-    .await;
-    match result {
-        Ok(()) => {
-            // A pipe is returned only when empty; after an error it may hold bytes, so drop it.
-            if let Some(p) = held.take() {
+    loop {
+        if dir.pending > 0 {
+            ready!(to.poll_write_ready(cx))?;
+            let written = match (&dir.pipe, &dir.buf) {
+                (Some(pipe), _) => to.try_io(Interest::WRITABLE, || {
+                    rustix::pipe::splice(
+                        &pipe.read,
+                        None,
+                        to,
+                        None,
+                        dir.pending,
+                        SpliceFlags::NONBLOCK | SpliceFlags::MOVE,
+                    )
+                    .map_err(io::Error::from)
+                }),
+                (None, Some(buf)) => to.try_write(&buf[dir.off..dir.off + dir.pending]),
+                (None, None) => Err(io::ErrorKind::InvalidData.into()),
+            };
+            match written {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(m) => {
+                    dir.pending -= m;
+                    dir.off += m;
+                    dir.total += m as u64;
+                    if dir.pending == 0 {
+                        // Nothing in flight: the buffer goes back to the allocator.
+                        dir.buf = None;
+                        dir.off = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            continue;
+        }
+        if from.poll_read_ready(cx)?.is_pending() {
+            // Drained: give the pipe back while this direction waits for data.
+            if let Some(p) = dir.pipe.take() {
                 pool.give(p);
             }
-            // The first direction to end half-closes its peer; when the second ends both sockets
-            // are about to be closed, which sends the FIN anyway.
-            if ended.fetch_add(1, Ordering::Relaxed) == 0 {
-                let _ = socket2::SockRef::from(to).shutdown(std::net::Shutdown::Write);
-            }
-            Ok(())
+            return Poll::Pending;
         }
-        Err(e) => Err(e),
+        // A read (or splice into the empty pipe) that returns less than it asked for has
+        // drained the socket: report WouldBlock so tokio clears the readiness now instead of
+        // paying one more call that fails with EAGAIN. A later arrival is a new edge.
+        let mut got = 0;
+        let r = if dir.total < SPLICE_AFTER {
+            let buf = dir.buf.get_or_insert_with(|| vec![0u8; COPY_CHUNK]);
+            from.try_io(Interest::READABLE, || {
+                let n = rustix::io::read(from, &mut buf[..]).map_err(io::Error::from)?;
+                got = n;
+                if n > 0 && n < COPY_CHUNK { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+            })
+        } else {
+            let pipe = match dir.pipe.take() {
+                Some(p) => p,
+                None => pool.take()?,
+            };
+            let want = SPLICE_CHUNK.min(pipe.capacity);
+            let r = from.try_io(Interest::READABLE, || {
+                let n = rustix::pipe::splice(
+                    from,
+                    None,
+                    &pipe.write,
+                    None,
+                    want,
+                    SpliceFlags::NONBLOCK | SpliceFlags::MOVE,
+                )
+                .map_err(io::Error::from)?;
+                got = n;
+                if n > 0 && n < want { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(n) }
+            });
+            dir.pipe = Some(pipe);
+            r
+        };
+        match r {
+            Ok(0) => {
+                dir.done = true;
+                dir.buf = None;
+                // The pipe is empty here (pending is 0), so it can be reused.
+                if let Some(p) = dir.pipe.take() {
+                    pool.give(p);
+                }
+                return Poll::Ready(Ok(()));
+            }
+            Ok(n) => dir.pending = n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => dir.pending = got,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                dir.buf = None;
+            }
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+        dir.off = 0;
     }
 }
 
