@@ -91,10 +91,50 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: So
             rec.finish(&policy, &shared.metrics);
         }
         // Boxed: hyper's connection future is large and most connections are CONNECT tunnels.
-        FirstHead::Other => {
+        FirstHead::Request(head) if deny_fast(&shared, &mut stream, client, &head).await => {}
+        FirstHead::Request(_) | FirstHead::Other => {
             Box::pin(serve_http(shared, Prefixed { prefix: buf.freeze(), inner: stream }, client, guard)).await;
         }
     }
+}
+
+/// The destination of an absolute-form request: host, port and the authority as written.
+fn http_target(uri: &Uri) -> Result<(Host, u16, http::uri::Authority), ProxyError> {
+    let Some(authority) = uri.authority().cloned() else {
+        return Err(ProxyError::MalformedRequest(
+            "sandgate is a proxy: send absolute-form requests (GET http://host/) or CONNECT",
+        ));
+    };
+    if uri.scheme_str() != Some("http") {
+        return Err(ProxyError::MalformedRequest("only http:// is forwarded; use CONNECT for https"));
+    }
+    let host =
+        Host::parse(authority.host()).map_err(|_| ProxyError::MalformedRequest("request host is not a host name"))?;
+    Ok((host, authority.port_u16().unwrap_or(80), authority))
+}
+
+/// Answers a first request the policy denies by its host alone, without hyper; `false` when
+/// the request must go to hyper (allowed, report mode, or not a plain absolute-form request).
+async fn deny_fast(shared: &Shared, stream: &mut TcpStream, client: SocketAddr, head: &RequestHead) -> bool {
+    let Ok(uri) = head.target.parse::<Uri>() else { return false };
+    let Ok((host, port, _)) = http_target(&uri) else { return false };
+    let policy = shared.policy();
+    let profile = policy.select_profile(client.ip(), head.user.as_deref());
+    let d = policy.decide(profile, &host, port);
+    if d.verdict.proceeds() {
+        return false;
+    }
+    let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+    rec.sandbox = head.user.clone();
+    rec.method = Some(head.method.clone());
+    rec.path = uri.path_and_query().map(|p| redact_path(p.as_str()));
+    rec.host = Some(host.to_string());
+    rec.port = port;
+    rec.decision = Some(d);
+    let body = denial_message(&policy, &host.to_string(), port, &d);
+    let _ = stream.write_all(raw_response("403 Forbidden", d.reason.as_str(), &body).as_bytes()).await;
+    rec.finish(&policy, &shared.metrics);
+    true
 }
 
 /// Bytes read before the first request head is complete.
@@ -102,11 +142,20 @@ const FIRST_READ: usize = 1024;
 /// Headers parsed in a first request head; more is a malformed request for a proxy.
 const MAX_HEADERS: usize = 64;
 
+/// The parts of a first request head that a denial needs.
+struct RequestHead {
+    method: String,
+    target: String,
+    user: Option<String>,
+}
+
 /// What the first request head on a connection is.
 enum FirstHead {
     /// `CONNECT authority`; `len` is the head's length in the buffer.
     Connect { authority: String, user: Option<String>, len: usize },
-    /// Anything else (or unparsable): hyper answers it.
+    /// Another request: hyper answers it (after `deny_fast` had its look).
+    Request(RequestHead),
+    /// Unparsable or closed: hyper answers it.
     Other,
     /// Too large or too slow.
     Failed(ProxyError),
@@ -124,17 +173,17 @@ async fn read_first_head(stream: &mut TcpStream, buf: &mut BytesMut, limits: &cr
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(buf) {
             Ok(httparse::Status::Complete(len)) => {
-                if req.method != Some("CONNECT") {
-                    return FirstHead::Other;
-                }
                 let user = req
                     .headers
                     .iter()
                     .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
                     .and_then(|h| std::str::from_utf8(h.value).ok())
                     .and_then(basic_user);
-                let authority = req.path.unwrap_or("").to_owned();
-                return FirstHead::Connect { authority, user, len };
+                let target = req.path.unwrap_or("").to_owned();
+                return match req.method {
+                    Some("CONNECT") => FirstHead::Connect { authority: target, user, len },
+                    method => FirstHead::Request(RequestHead { method: method.unwrap_or("").to_owned(), target, user }),
+                };
             }
             Ok(httparse::Status::Partial) if buf.len() >= limits.max_header_bytes => {
                 return FirstHead::Failed(ProxyError::HeaderTooLarge(limits.max_header_bytes));
@@ -325,26 +374,10 @@ impl ExplicitConn {
         let (mut parts, body) = req.into_parts();
         rec.method = Some(parts.method.as_str().to_owned());
         rec.path = parts.uri.path_and_query().map(|p| redact_path(p.as_str()));
-        let Some(authority) = parts.uri.authority().cloned() else {
-            return self.fail(
-                &policy,
-                rec,
-                ProxyError::MalformedRequest(
-                    "sandgate is a proxy: send absolute-form requests (GET http://host/) or CONNECT",
-                ),
-            );
+        let (host, port, authority) = match http_target(&parts.uri) {
+            Ok(t) => t,
+            Err(e) => return self.fail(&policy, rec, e),
         };
-        if parts.uri.scheme_str() != Some("http") {
-            return self.fail(
-                &policy,
-                rec,
-                ProxyError::MalformedRequest("only http:// is forwarded; use CONNECT for https"),
-            );
-        }
-        let Ok(host) = Host::parse(authority.host()) else {
-            return self.fail(&policy, rec, ProxyError::MalformedRequest("request host is not a host name"));
-        };
-        let port = authority.port_u16().unwrap_or(80);
         rec.host = Some(host.to_string());
         rec.port = port;
 
