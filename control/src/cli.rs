@@ -41,6 +41,48 @@ pub(crate) enum Command {
     /// Check, explain or print policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Store, list and remove secrets (git tokens, provider keys) sealed in the vault.
+    ///
+    /// Values are sealed with AES-256-GCM under the vault key: a key file created with mode
+    /// 0600 on first use, or SANDGATE_VAULT_KEY (32 bytes, base64). Values are read from
+    /// standard input, never from the command line, and are never printed.
+    Secret(SecretArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SecretArgs {
+    /// The vault file.
+    #[arg(long, value_name = "FILE", default_value = "sandgate-vault.json", env = "SANDGATE_VAULT", global = true)]
+    pub(crate) vault: PathBuf,
+    /// The vault key file (created 0600 on first `set`); ignored when SANDGATE_VAULT_KEY is set.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "sandgate-vault.key",
+        env = "SANDGATE_VAULT_KEY_FILE",
+        global = true
+    )]
+    pub(crate) key_file: PathBuf,
+    #[command(subcommand)]
+    pub(crate) command: SecretCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SecretCommand {
+    /// Seal the value read from standard input as NAME (one trailing newline is dropped).
+    Set {
+        /// The secret's name: 1 to 64 letters, digits, `-`, `_` or `.`.
+        name: String,
+    },
+    /// List the secrets' names (never their values).
+    #[command(alias = "ls")]
+    List,
+    /// Remove the secret NAME.
+    #[command(alias = "remove")]
+    Rm {
+        /// The secret's name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]

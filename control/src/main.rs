@@ -15,7 +15,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, filter};
 
-use crate::cli::{Cli, Command, LogFormat, PolicyCommand, ProxyArgs};
+use crate::cli::{Cli, Command, LogFormat, PolicyCommand, ProxyArgs, SecretArgs, SecretCommand};
 
 /// Exit status for bad flags (sysexits EX_USAGE).
 const EXIT_USAGE: u8 = 64;
@@ -63,9 +63,72 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Secret(args) => secret(args),
         Command::Policy(PolicyCommand::Default) => {
             print!("{}", sandgate_policy::DEFAULT_POLICY_YAML);
             ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Exit status for a vault that cannot be opened or a secret that cannot be read.
+const EXIT_VAULT: u8 = 74;
+
+fn secret(args: SecretArgs) -> ExitCode {
+    use sandgate_vault::{KEY_ENV, Secret, Vault, VaultKey};
+    use std::io::Read;
+    let create = matches!(args.command, SecretCommand::Set { .. });
+    let env_key = std::env::var(KEY_ENV).ok();
+    let opened = VaultKey::load(&args.key_file, env_key.as_deref(), create).and_then(|k| Vault::open(&args.vault, k));
+    let mut vault = match opened {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EXIT_VAULT);
+        }
+    };
+    let result = match args.command {
+        SecretCommand::Set { name } => {
+            let mut value = Vec::new();
+            if let Err(e) = std::io::stdin().read_to_end(&mut value) {
+                eprintln!("sandgate: cannot read the value from standard input: {e}");
+                return ExitCode::from(EXIT_VAULT);
+            }
+            if value.last() == Some(&b'\n') {
+                value.pop();
+                if value.last() == Some(&b'\r') {
+                    value.pop();
+                }
+            }
+            let value = Secret::new(value);
+            if value.expose().is_empty() {
+                eprintln!(
+                    "sandgate: the value is empty; pipe it in, e.g. `printf %s \"$TOKEN\" | sandgate secret set {name}`"
+                );
+                return ExitCode::from(EXIT_USAGE);
+            }
+            vault.set(&name, &value).map(|()| eprintln!("sandgate: sealed `{name}` in {}", args.vault.display()))
+        }
+        SecretCommand::List => {
+            for name in vault.names() {
+                println!("{name}");
+            }
+            Ok(())
+        }
+        SecretCommand::Rm { name } => match vault.remove(&name) {
+            Ok(true) => {
+                eprintln!("sandgate: removed `{name}`");
+                Ok(())
+            }
+            Ok(false) => Err(sandgate_vault::VaultError::NotFound { name }),
+            Err(e) => Err(e),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            ExitCode::from(EXIT_VAULT)
         }
     }
 }

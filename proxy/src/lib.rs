@@ -262,6 +262,8 @@ async fn accept_loop(
             },
             _ = stop.changed() => return,
         };
+        // IPv4 clients of a dual-stack listener arrive v4-mapped; policies name them as IPv4.
+        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
         let guard = match shared.admit(peer.ip(), &gauge) {
             Ok(g) => g,
             Err(e) => {

@@ -147,7 +147,13 @@ fn fail(shared: &Shared, policy: &CompiledPolicy, mut rec: Box<ConnRecord>, e: P
 fn original_dst(stream: &TcpStream) -> Option<SocketAddr> {
     let sock = SockRef::from(stream);
     let local = stream.local_addr().ok()?;
-    let orig = if local.is_ipv4() { sock.original_dst_v4() } else { sock.original_dst_v6() };
+    // An IPv4 connection on a dual-stack `[::]` listener has a v4-mapped local address, and
+    // its NAT record is IPv4's.
+    let v4 = match local {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    };
+    let orig = if v4 { sock.original_dst_v4() } else { sock.original_dst_v6() };
     let orig = orig.ok()?.as_socket()?;
     // Without NAT some kernels report the local address itself: that is no redirect.
     (orig != local).then_some(orig)

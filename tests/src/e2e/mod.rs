@@ -1,9 +1,13 @@
 //! End-to-end tests, one module per area.
 
 mod bad_input;
+mod cli;
+mod dns;
 mod explicit;
 mod git_http;
+mod limits;
 mod reload;
+mod tls_checks;
 mod transparent;
 
 /// A policy for loopback origins: `origin.test`, `git.test` and `meta.test` (which resolves to

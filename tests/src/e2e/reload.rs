@@ -58,3 +58,40 @@ fn wait_for(cond: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_live_tunnels_finish_and_stops_new_ones() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = echo.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let mut p = proxy::new(&loopback_policy(&[port])).start();
+    let mut s = tokio::net::TcpStream::connect(p.explicit).await.unwrap();
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(s.read_u8().await.unwrap());
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    p.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    // The live tunnel still carries bytes while the proxy drains...
+    s.write_all(b"still here").await.unwrap();
+    let mut back = [0u8; 10];
+    s.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"still here");
+    // ...new connections are no longer accepted...
+    assert!(std::net::TcpStream::connect(p.explicit).is_err(), "accepting while draining");
+    // ...and once it closes, the proxy exits cleanly.
+    drop(s);
+    assert_eq!(p.wait_exit(Duration::from_secs(5)), Some(0));
+    let log = p.wait_log("drained tunnel", |v| v["dst_host"] == "origin.test");
+    assert_eq!(log["bytes_up"], 10);
+}

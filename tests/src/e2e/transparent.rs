@@ -2,12 +2,14 @@
 //! nftables in a gateway namespace to the proxy's transparent listener. curl inside the
 //! sandbox, with no proxy settings, reaches an allowed name and is refused for others.
 
-use crate::support::netns::{GW_IP, Topology, privileged};
+use crate::support::netns::{GW_IP, GW_IP6, Topology, privileged};
 use crate::support::{origin, pki::Pki, proxy};
 
 /// An address that exists nowhere: the sandbox sends it to its gateway, where the redirect
 /// catches it (RFC 2544 benchmarking range, never routed).
 const NOWHERE: &str = "198.18.0.10";
+/// The same for IPv6 (a unique-local address no namespace holds).
+const NOWHERE6: &str = "fd99::10";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirected_connections_are_decided_by_sni_and_host() {
@@ -25,16 +27,18 @@ async fn redirected_connections_are_decided_by_sni_and_host() {
     let (hp, sp) = (http.addr.port(), https.addr.port());
     let policy = super::loopback_policy(&[hp, sp])
         .replace("other.test: [127.0.0.1]", "other.test: [127.0.0.1]\n  evil.test: [127.0.0.1]");
-    let p = proxy::new(&policy).netns(&t.gw).transparent(&format!("{GW_IP}:15001")).start();
+    // One dual-stack listener takes both families' redirected connections.
+    let p = proxy::new(&policy).netns(&t.gw).transparent("[::]:15001").start();
     t.gw_nft(&format!(
-        "table ip sandgate_test {{
+        "table inet sandgate_test {{
   chain pre {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname \"{}\" ip daddr != {GW_IP} meta l4proto tcp redirect to :15001
+    iifname \"{gw_if}\" ip daddr != {GW_IP} meta l4proto tcp redirect to :15001
+    iifname \"{gw_if}\" ip6 daddr != {GW_IP6} meta l4proto tcp redirect to :15001
   }}
 }}
 ",
-        t.gw_if
+        gw_if = t.gw_if
     ));
     let ca = pki.ca_path.to_str().unwrap();
     let curl_in_sbx = |args: &[&str]| {
@@ -61,6 +65,17 @@ async fn redirected_connections_are_decided_by_sni_and_host() {
     assert_eq!(code, 200, "{body}{err}");
     assert!(body.contains("origin plain GET /plain"), "{body}");
 
+    // IPv6: the original destination comes from the IPv6 NAT record; the name decides.
+    let resolve = format!("origin.test:{sp}:[{NOWHERE6}]");
+    let (code, body, err) =
+        curl_in_sbx(&["-6", "--cacert", ca, "--resolve", &resolve, &format!("https://origin.test:{sp}/v6")]);
+    assert_eq!(code, 200, "{body}{err}");
+    assert!(body.contains("origin tls GET /v6"), "{body}");
+    let log = p.wait_log("transparent v6", |v| {
+        v["listener"] == "transparent" && v["client"].as_str().is_some_and(|c| c.contains("fd00:213::2"))
+    });
+    assert_eq!(log["sni"], "origin.test");
+
     // Denied names: HTTP gets a readable 403, TLS a handshake alert.
     let resolve = format!("evil.test:{hp}:{NOWHERE}");
     let (code, body, _) = curl_in_sbx(&["--resolve", &resolve, &format!("http://evil.test:{hp}/")]);
@@ -79,5 +94,5 @@ async fn redirected_connections_are_decided_by_sni_and_host() {
     let _ = out;
     let log = p.wait_log("by address", |v| v["dst_host"] == NOWHERE);
     assert_eq!(log["reason"], "ip_not_allowed");
-    assert_eq!(p.metric("sandgate_proxy_connections_total", &[("listener", "transparent"), ("verdict", "allow")]), 2.0);
+    assert_eq!(p.metric("sandgate_proxy_connections_total", &[("listener", "transparent"), ("verdict", "allow")]), 3.0);
 }

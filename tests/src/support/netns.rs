@@ -49,6 +49,10 @@ pub(crate) struct Topology {
 pub(crate) const GW_IP: &str = "10.213.0.1";
 /// The sandbox's address.
 pub(crate) const SBX_IP: &str = "10.213.0.2";
+/// The gateway's IPv6 address on the link; the sandbox is `::2`.
+pub(crate) const GW_IP6: &str = "fd00:213::1";
+/// The sandbox's IPv6 address.
+pub(crate) const SBX_IP6: &str = "fd00:213::2";
 
 impl Topology {
     /// Creates both namespaces and the veth between them; the sandbox routes everything via the
@@ -67,7 +71,11 @@ impl Topology {
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
             run(&["ip", "-n", ns, "link", "set", dev, "up"]);
         }
+        // nodad: the addresses are usable at once instead of after duplicate detection.
+        run(&["ip", "-n", &t.sbx, "addr", "add", &format!("{SBX_IP6}/64"), "dev", &sbx_if, "nodad"]);
+        run(&["ip", "-n", &t.gw, "addr", "add", &format!("{GW_IP6}/64"), "dev", &t.gw_if, "nodad"]);
         run(&["ip", "-n", &t.sbx, "route", "add", "default", "via", GW_IP]);
+        run(&["ip", "-n", &t.sbx, "-6", "route", "add", "default", "via", GW_IP6]);
         t
     }
 
