@@ -472,7 +472,12 @@ impl ExplicitConn {
         let body = format!("sandgate: {e}\n");
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
         rec.finish(policy, &self.shared.metrics);
-        text_response(status, e.as_label(), body)
+        let mut r = text_response(status, e.as_label(), body);
+        // After a malformed request the connection's framing cannot be trusted: close it.
+        if e.side() == crate::Side::Client {
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
     }
 }
 
