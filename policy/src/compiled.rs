@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+use crate::credential::{CompiledCredential, CompiledGitRule};
 use crate::decision::{Decision, Mode, Permit, ProfileId, Reason, RuleId, Verdict};
 use crate::host::{Host, HostName, HostPattern};
 use crate::net::classify;
@@ -19,6 +20,8 @@ pub struct CompiledPolicy {
     rule_names: Vec<Box<str>>,
     resolve: HashMap<HostName, Box<[IpAddr]>>,
     refuse_ech: bool,
+    credentials: Vec<CompiledCredential>,
+    git: Vec<CompiledGitRule>,
 }
 
 #[derive(Debug)]
@@ -108,7 +111,38 @@ impl CompiledPolicy {
             profiles.push(cp);
         }
         let resolve = policy.resolve.into_iter().map(|(k, v)| (k, v.into_boxed_slice())).collect();
-        Self { origin: policy.origin, profiles, rule_names, resolve, refuse_ech: policy.refuse_ech }
+        // Patterns were checked when parsed, so a rule that fails to compile here is dropped
+        // rather than allowed to panic.
+        let git = policy.git.iter().filter_map(|g| CompiledGitRule::new(g).ok()).collect();
+        let credentials = policy.credentials.into_iter().map(CompiledCredential::new).collect();
+        Self { origin: policy.origin, profiles, rule_names, resolve, refuse_ech: policy.refuse_ech, credentials, git }
+    }
+
+    /// Number of profiles (the default one included).
+    pub(crate) fn profile_count(&self) -> usize {
+        self.profiles.len()
+    }
+
+    /// Every credential rule, in document order (to load their secrets, and to find
+    /// placeholders sent where they do not belong).
+    pub fn credentials(&self) -> &[CompiledCredential] {
+        &self.credentials
+    }
+
+    /// The credential for a request to `host` with `path`: the first rule that covers both.
+    pub fn credential_for(&self, host: &HostName, path: &str) -> Option<&CompiledCredential> {
+        self.credentials.iter().find(|c| c.covers(host, path))
+    }
+
+    /// The git rule for `host`, if any.
+    pub fn git_rule_for(&self, host: &HostName) -> Option<&CompiledGitRule> {
+        self.git.iter().find(|g| g.covers_host(host))
+    }
+
+    /// Whether connections to `host` are intercepted (TLS terminated by Sandgate): only hosts
+    /// that a credential rule or a git rule names. Every other host stays an opaque tunnel.
+    pub fn intercepts(&self, host: &HostName) -> bool {
+        self.credentials.iter().any(|c| c.covers_host(host)) || self.git_rule_for(host).is_some()
     }
 
     /// Where this policy came from (a path, or `<embedded default>`).

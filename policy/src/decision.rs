@@ -58,6 +58,12 @@ pub enum Reason {
     SniMismatch,
     /// The ClientHello carries Encrypted Client Hello and the policy refuses it.
     EchRefused,
+    /// A git fetch of a repository the git rule does not list.
+    GitFetchNotAllowed,
+    /// A git push to a repository the git rule does not list.
+    GitPushNotAllowed,
+    /// A credential's placeholder sent to a host outside that credential's rule.
+    PlaceholderElsewhere,
 }
 
 /// A decision about one destination for one client.
@@ -144,6 +150,9 @@ impl Reason {
             Self::Unresolvable => "unresolvable",
             Self::SniMismatch => "sni_mismatch",
             Self::EchRefused => "ech_refused",
+            Self::GitFetchNotAllowed => "git_fetch_not_allowed",
+            Self::GitPushNotAllowed => "git_push_not_allowed",
+            Self::PlaceholderElsewhere => "placeholder_elsewhere",
         }
     }
 
@@ -162,6 +171,9 @@ impl Reason {
             Self::Unresolvable => "the name does not resolve",
             Self::SniMismatch => "the TLS server name differs from the CONNECT host",
             Self::EchRefused => "Encrypted Client Hello is refused by policy",
+            Self::GitFetchNotAllowed => "the git rule does not allow fetching this repository",
+            Self::GitPushNotAllowed => "the git rule does not allow pushing to this repository",
+            Self::PlaceholderElsewhere => "a credential placeholder was sent to a host outside its rule",
         }
     }
 }

@@ -85,6 +85,39 @@ pub enum PolicyErrorKind {
         /// The value as written.
         user: String,
     },
+    /// A credential rule for a host no profile allows.
+    #[error(
+        "`{host}` gets a credential but no rule allows it; add it to an allow rule (credentials only ever go to allowed hosts)"
+    )]
+    CredentialHostNotAllowed {
+        /// The host pattern.
+        host: String,
+    },
+    /// A Basic credential for a host without a default username.
+    #[error(
+        "a `basic` credential needs `username:` here (the documented defaults are x-access-token for github.com, oauth2 for gitlab.com, x-token-auth for bitbucket.org)"
+    )]
+    MissingUsername,
+    /// A `header` credential without a valid header name.
+    #[error("a `header` credential needs `header:` with an HTTP header name such as `X-Api-Key`")]
+    HeaderName,
+    /// A secret name the vault would refuse.
+    #[error("`{name}` is not a secret name; use 1 to 64 letters, digits, `-`, `_` or `.`")]
+    SecretName {
+        /// The name as written.
+        name: String,
+    },
+    /// A placeholder short enough to appear by chance.
+    #[error("a placeholder must be at least 16 characters so it never appears by chance")]
+    PlaceholderTooShort,
+    /// A repository glob that does not compile.
+    #[error("`{pattern}` is not an owner/repo pattern ({problem}); write e.g. `org/*` or `org/app`")]
+    RepoPattern {
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        problem: String,
+    },
     /// Two rules share a name.
     #[error("rule name `{name}` is used twice; rule names must be unique so logs point at one rule")]
     DuplicateRuleName {

@@ -6,6 +6,7 @@
 //! values; the proxy does the rest.
 
 mod compiled;
+mod credential;
 mod decision;
 mod defaults;
 mod error;
@@ -16,13 +17,14 @@ mod raw;
 mod rules;
 
 pub use compiled::CompiledPolicy;
+pub use credential::{CompiledCredential, CompiledGitRule, GitOp, GitVerdict, smart_http};
 pub use decision::{Decision, Mode, Permit, ProfileId, Reason, RuleId, Verdict};
 pub use defaults::{DEFAULT_POLICY_ORIGIN, DEFAULT_POLICY_YAML, embedded_default};
 pub use error::{HostPatternProblem, Location, PolicyError, PolicyErrorKind};
 pub use host::{Host, HostName, HostPattern, MalformedHost};
 pub use net::{AddrClass, classify};
 pub use parse::parse;
-pub use rules::{DEFAULT_ALLOW_PORTS, Policy, Ports, Profile, Rule, RuleTarget};
+pub use rules::{Apply, Credential, DEFAULT_ALLOW_PORTS, GitRule, Policy, Ports, Profile, Rule, RuleTarget};
 
 #[cfg(test)]
 mod tests;

@@ -10,8 +10,8 @@ use serde_saphyr::Spanned;
 use crate::decision::Mode;
 use crate::error::{Location, PolicyError, PolicyErrorKind};
 use crate::host::HostPattern;
-use crate::raw::{PolicyDoc, RawMatch, RawMode, RawProfile, RawRule};
-use crate::rules::{DEFAULT_ALLOW_PORTS, Policy, Ports, Profile, Rule, RuleTarget};
+use crate::raw::{PolicyDoc, RawCredential, RawGitRule, RawMatch, RawMode, RawProfile, RawRule, RawScheme};
+use crate::rules::{Apply, Credential, DEFAULT_ALLOW_PORTS, GitRule, Policy, Ports, Profile, Rule, RuleTarget};
 
 /// Longest sandbox id accepted as a profile user.
 const MAX_USER_LEN: usize = 128;
@@ -121,7 +121,137 @@ impl Validator<'_> {
         for (name, p) in &doc.profiles {
             profiles.push(self.profile(name, p)?);
         }
-        Ok(Policy { origin: self.origin.to_owned(), profiles, resolve, refuse_ech: doc.refuse_ech })
+        let credentials =
+            doc.credentials.iter().enumerate().map(|(i, c)| self.credential(c, i)).collect::<Result<Vec<_>, _>>()?;
+        let git = doc.git.iter().enumerate().map(|(i, g)| self.git_rule(g, i)).collect::<Result<Vec<_>, _>>()?;
+        let policy =
+            Policy { origin: self.origin.to_owned(), profiles, resolve, refuse_ech: doc.refuse_ech, credentials, git };
+        // Credentials only ever go to hosts the policy allows.
+        let compiled = crate::CompiledPolicy::compile(policy.clone());
+        for (i, c) in doc.credentials.iter().enumerate() {
+            for (j, h) in c.value.hosts.iter().enumerate() {
+                let Ok(pattern) = HostPattern::parse(&h.value) else { continue };
+                let sample = match &pattern {
+                    HostPattern::Exact(n) | HostPattern::ApexAndSubdomains(n) => n.as_str().to_owned(),
+                    HostPattern::Subdomains(n) => format!("sandgate-check.{n}"),
+                };
+                let Ok(host) = crate::Host::parse(&sample) else { continue };
+                let allowed = (0..compiled.profile_count()).any(|p| {
+                    compiled.decide(crate::ProfileId(u16::try_from(p).unwrap_or(0)), &host, 443).verdict
+                        == crate::Verdict::Allow
+                });
+                if !allowed {
+                    return self.err(
+                        Some(&h.referenced),
+                        format!("credentials[{i}].hosts[{j}]"),
+                        PolicyErrorKind::CredentialHostNotAllowed { host: h.value.clone() },
+                    );
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    fn hosts(
+        &self,
+        hosts: &[Spanned<String>],
+        path: &str,
+        at: &serde_saphyr::Location,
+    ) -> Result<Vec<HostPattern>, PolicyError> {
+        if hosts.is_empty() {
+            return self.err(Some(at), format!("{path}.hosts"), PolicyErrorKind::EmptyList);
+        }
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                HostPattern::parse(&h.value).or_else(|problem| {
+                    self.err(
+                        Some(&h.referenced),
+                        format!("{path}.hosts[{i}]"),
+                        PolicyErrorKind::HostPattern { pattern: h.value.clone(), problem },
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn credential(&mut self, c: &Spanned<RawCredential>, i: usize) -> Result<Credential, PolicyError> {
+        let path = format!("credentials[{i}]");
+        let at = &c.referenced;
+        let raw = &c.value;
+        let name = raw.name.clone().unwrap_or_else(|| path.clone());
+        if !self.names.insert(name.clone()) {
+            return self.err(Some(at), format!("{path}.name"), PolicyErrorKind::DuplicateRuleName { name });
+        }
+        let hosts = self.hosts(&raw.hosts, &path, at)?;
+        let secret = raw.secret.value.clone();
+        let secret_ok = !secret.is_empty()
+            && secret.len() <= 64
+            && secret.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !secret_ok {
+            return self.err(
+                Some(&raw.secret.referenced),
+                format!("{path}.secret"),
+                PolicyErrorKind::SecretName { name: secret },
+            );
+        }
+        let apply = match raw.scheme.unwrap_or(RawScheme::Basic) {
+            RawScheme::Bearer => Apply::Bearer,
+            RawScheme::Header => {
+                let ok = raw
+                    .header
+                    .as_ref()
+                    .filter(|h| !h.value.is_empty() && h.value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+                match ok {
+                    Some(h) => Apply::Header { name: h.value.to_ascii_lowercase() },
+                    None => return self.err(Some(at), format!("{path}.header"), PolicyErrorKind::HeaderName),
+                }
+            }
+            RawScheme::Basic => {
+                let default = hosts.iter().find_map(|h| match h.name().as_str() {
+                    "github.com" => Some("x-access-token"),
+                    "gitlab.com" => Some("oauth2"),
+                    "bitbucket.org" => Some("x-token-auth"),
+                    _ => None,
+                });
+                match raw.username.as_deref().or(default) {
+                    Some(u) => Apply::Basic { username: u.to_owned() },
+                    None => return self.err(Some(at), format!("{path}.username"), PolicyErrorKind::MissingUsername),
+                }
+            }
+        };
+        if let Some(p) = &raw.placeholder
+            && p.value.len() < 16
+        {
+            return self.err(Some(&p.referenced), format!("{path}.placeholder"), PolicyErrorKind::PlaceholderTooShort);
+        }
+        Ok(Credential {
+            name,
+            hosts,
+            secret: raw.secret.value.clone(),
+            apply,
+            path_prefix: raw.path_prefix.as_ref().map(|p| p.value.clone()),
+            placeholder: raw.placeholder.as_ref().map(|p| p.value.clone()),
+        })
+    }
+
+    fn git_rule(&self, g: &Spanned<RawGitRule>, i: usize) -> Result<GitRule, PolicyError> {
+        let path = format!("git[{i}]");
+        let hosts = self.hosts(&g.value.hosts, &path, &g.referenced)?;
+        for (field, list) in [("fetch", &g.value.fetch), ("push", &g.value.push)] {
+            for (j, pat) in list.iter().enumerate() {
+                if let Err(e) = crate::credential::globs(std::slice::from_ref(&pat.value)) {
+                    return self.err(
+                        Some(&pat.referenced),
+                        format!("{path}.{field}[{j}]"),
+                        PolicyErrorKind::RepoPattern { pattern: pat.value.clone(), problem: e.kind().to_string() },
+                    );
+                }
+            }
+        }
+        let strings = |l: &[Spanned<String>]| l.iter().map(|s| s.value.clone()).collect();
+        Ok(GitRule { hosts, fetch: strings(&g.value.fetch), push: strings(&g.value.push) })
     }
 
     fn profile(&mut self, name: &str, p: &Spanned<RawProfile>) -> Result<Profile, PolicyError> {

@@ -21,6 +21,44 @@ pub(crate) struct PolicyDoc {
     pub(crate) deny: Vec<Spanned<RawRule>>,
     #[serde(default)]
     pub(crate) profiles: BTreeMap<String, Spanned<RawProfile>>,
+    #[serde(default)]
+    pub(crate) credentials: Vec<Spanned<RawCredential>>,
+    #[serde(default)]
+    pub(crate) git: Vec<Spanned<RawGitRule>>,
+}
+
+/// A credential rule: which vault secret the proxy adds to requests for these hosts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCredential {
+    pub(crate) name: Option<String>,
+    pub(crate) hosts: Vec<Spanned<String>>,
+    pub(crate) secret: Spanned<String>,
+    pub(crate) scheme: Option<RawScheme>,
+    pub(crate) username: Option<String>,
+    pub(crate) header: Option<Spanned<String>>,
+    pub(crate) path_prefix: Option<Spanned<String>>,
+    pub(crate) placeholder: Option<Spanned<String>>,
+}
+
+/// How a credential is applied.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawScheme {
+    Basic,
+    Bearer,
+    Header,
+}
+
+/// Repository scoping for git smart HTTP on intercepted hosts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGitRule {
+    pub(crate) hosts: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) fetch: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) push: Vec<Spanned<String>>,
 }
 
 /// `enforce` or `report`.

@@ -22,6 +22,10 @@ pub struct Policy {
     pub resolve: BTreeMap<HostName, Vec<IpAddr>>,
     /// Refuse any ClientHello that carries Encrypted Client Hello.
     pub refuse_ech: bool,
+    /// Credential rules, in document order.
+    pub credentials: Vec<Credential>,
+    /// Git repository rules, in document order.
+    pub git: Vec<GitRule>,
 }
 
 /// A set of rules and the clients it applies to.
@@ -80,4 +84,52 @@ impl Ports {
             Self::List(list) => list.contains(&port),
         }
     }
+}
+
+/// A credential rule: requests to these hosts (optionally under a path prefix) are
+/// intercepted and get the named vault secret added by the proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// The rule's name (its `name:`, or its place such as `credentials[0]`).
+    pub name: String,
+    /// The hosts it applies to.
+    pub hosts: Vec<HostPattern>,
+    /// The vault secret's name (never its value).
+    pub secret: String,
+    /// How the secret goes on the request.
+    pub apply: Apply,
+    /// Only requests whose path starts with this get the credential.
+    pub path_prefix: Option<String>,
+    /// A value the sandbox may hold instead of the secret; swapped on these hosts only, refused
+    /// anywhere else.
+    pub placeholder: Option<String>,
+}
+
+/// How a credential is written on a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Apply {
+    /// `Authorization: Basic base64(username:secret)` (git hosts).
+    Basic {
+        /// The user name, e.g. `x-access-token` for GitHub.
+        username: String,
+    },
+    /// `Authorization: Bearer secret`.
+    Bearer,
+    /// A named header carrying the secret as is.
+    Header {
+        /// The header's name.
+        name: String,
+    },
+}
+
+/// Repository scoping of git smart HTTP on intercepted hosts: which `owner/repo` may be
+/// fetched and which pushed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitRule {
+    /// The git hosts it applies to.
+    pub hosts: Vec<HostPattern>,
+    /// `owner/repo` globs that may be cloned or fetched.
+    pub fetch: Vec<String>,
+    /// `owner/repo` globs that may be pushed to.
+    pub push: Vec<String>,
 }
