@@ -176,7 +176,9 @@ mod tests {
 
     #[test]
     fn smart_http_endpoints_are_recognised() {
-        let cases: &[(&str, &str, Option<&str>, Option<(&str, GitOp)>)] = &[
+        // (case, path, query, repository and operation)
+        type Case<'a> = (&'a str, &'a str, Option<&'a str>, Option<(&'a str, GitOp)>);
+        let cases: &[Case<'_>] = &[
             (
                 "refs for clone",
                 "/org/app.git/info/refs",
