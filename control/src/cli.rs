@@ -41,6 +41,11 @@ pub(crate) enum Command {
     /// Check, explain or print policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Create or print Sandgate's certificate authority (for intercepted hosts).
+    ///
+    /// `ca init` makes an ECDSA P-256 CA and seals its key in the vault; `ca cert` prints the
+    /// certificate that sandboxes must trust (SSL_CERT_FILE, GIT_SSL_CAINFO, ...).
+    Ca(CaArgs),
     /// Store, list and remove secrets (git tokens, provider keys) sealed in the vault.
     ///
     /// Values are sealed with AES-256-GCM under the vault key: a key file created with mode
@@ -50,19 +55,40 @@ pub(crate) enum Command {
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct SecretArgs {
+pub(crate) struct CaArgs {
+    #[command(flatten)]
+    pub(crate) vault: VaultArgs,
+    #[command(subcommand)]
+    pub(crate) command: CaCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CaCommand {
+    /// Create the CA (refuses to replace one without --force) and print its certificate.
+    Init {
+        /// Replace an existing CA (every sandbox must then trust the new one).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the CA certificate (PEM).
+    Cert,
+}
+
+/// Where the vault and its key are.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct VaultArgs {
     /// The vault file.
     #[arg(long, value_name = "FILE", default_value = "sandgate-vault.json", env = "SANDGATE_VAULT", global = true)]
     pub(crate) vault: PathBuf,
     /// The vault key file (created 0600 on first `set`); ignored when SANDGATE_VAULT_KEY is set.
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "sandgate-vault.key",
-        env = "SANDGATE_VAULT_KEY_FILE",
-        global = true
-    )]
+    #[arg(long = "key-file", value_name = "FILE", default_value = "sandgate-vault.key", env = "SANDGATE_VAULT_KEY_FILE", global = true)]
     pub(crate) key_file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SecretArgs {
+    #[command(flatten)]
+    pub(crate) vault: VaultArgs,
     #[command(subcommand)]
     pub(crate) command: SecretCommand,
 }
@@ -103,6 +129,16 @@ pub(crate) struct ProxyArgs {
     /// ClientHello's server name (or the HTTP Host) on PORT. Repeatable.
     #[arg(long, value_name = "ADDR=PORT", value_parser = parse_relay, env = "SANDGATE_SNI_RELAY", value_delimiter = ',')]
     pub(crate) sni_relay: Vec<(SocketAddr, u16)>,
+    /// The vault holding the CA and the credentials (needed when the policy has credential or
+    /// git rules).
+    #[arg(long, value_name = "FILE", env = "SANDGATE_VAULT")]
+    pub(crate) vault: Option<PathBuf>,
+    /// The vault's key file; ignored when SANDGATE_VAULT_KEY is set.
+    #[arg(long, value_name = "FILE", default_value = "sandgate-vault.key", env = "SANDGATE_VAULT_KEY_FILE")]
+    pub(crate) vault_key_file: PathBuf,
+    /// An extra CA (PEM) trusted for intercepted origins besides the system roots; repeatable.
+    #[arg(long, value_name = "FILE", env = "SANDGATE_UPSTREAM_CA", value_delimiter = ',')]
+    pub(crate) upstream_ca: Vec<PathBuf>,
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4752", env = "SANDGATE_ADMIN")]
     pub(crate) admin: SocketAddr,

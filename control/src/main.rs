@@ -15,7 +15,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, filter};
 
-use crate::cli::{Cli, Command, LogFormat, PolicyCommand, ProxyArgs, SecretArgs, SecretCommand};
+use crate::cli::{CaArgs, CaCommand, Cli, Command, LogFormat, PolicyCommand, ProxyArgs, SecretArgs, SecretCommand};
 
 /// Exit status for bad flags (sysexits EX_USAGE).
 const EXIT_USAGE: u8 = 64;
@@ -64,6 +64,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Secret(args) => secret(args),
+        Command::Ca(args) => ca(args),
         Command::Policy(PolicyCommand::Default) => {
             print!("{}", sandgate_policy::DEFAULT_POLICY_YAML);
             ExitCode::SUCCESS
@@ -75,12 +76,10 @@ fn main() -> ExitCode {
 const EXIT_VAULT: u8 = 74;
 
 fn secret(args: SecretArgs) -> ExitCode {
-    use sandgate_vault::{KEY_ENV, Secret, Vault, VaultKey};
+    use sandgate_vault::Secret;
     use std::io::Read;
     let create = matches!(args.command, SecretCommand::Set { .. });
-    let env_key = std::env::var(KEY_ENV).ok();
-    let opened = VaultKey::load(&args.key_file, env_key.as_deref(), create).and_then(|k| Vault::open(&args.vault, k));
-    let mut vault = match opened {
+    let mut vault = match open_vault(&args.vault.vault, &args.vault.key_file, create) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("sandgate: {e}");
@@ -107,7 +106,7 @@ fn secret(args: SecretArgs) -> ExitCode {
                 );
                 return ExitCode::from(EXIT_USAGE);
             }
-            vault.set(&name, &value).map(|()| eprintln!("sandgate: sealed `{name}` in {}", args.vault.display()))
+            vault.set(&name, &value).map(|()| eprintln!("sandgate: sealed `{name}` in {}", args.vault.vault.display()))
         }
         SecretCommand::List => {
             for name in vault.names() {
@@ -126,6 +125,38 @@ fn secret(args: SecretArgs) -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            ExitCode::from(EXIT_VAULT)
+        }
+    }
+}
+
+fn open_vault(vault: &std::path::Path, key_file: &std::path::Path, create_key: bool) -> Result<sandgate_vault::Vault, sandgate_vault::VaultError> {
+    let env_key = std::env::var(sandgate_vault::KEY_ENV).ok();
+    sandgate_vault::VaultKey::load(key_file, env_key.as_deref(), create_key)
+        .and_then(|k| sandgate_vault::Vault::open(vault, k))
+}
+
+fn ca(args: CaArgs) -> ExitCode {
+    use sandgate_proxy::intercept::CertAuthority;
+    let create = matches!(args.command, CaCommand::Init { .. });
+    let mut vault = match open_vault(&args.vault.vault, &args.vault.key_file, create) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EXIT_VAULT);
+        }
+    };
+    let pem = match args.command {
+        CaCommand::Init { force } => CertAuthority::init(&mut vault, force),
+        CaCommand::Cert => CertAuthority::load(&vault).map(|ca| ca.cert_pem().to_owned()),
+    };
+    match pem {
+        Ok(pem) => {
+            print!("{pem}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("sandgate: {e}");
             ExitCode::from(EXIT_VAULT)
@@ -171,7 +202,36 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
             return ExitCode::from(EXIT_BAD_POLICY);
         }
     };
+    let metrics = match sandgate_proxy::ProxyMetrics::new() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("sandgate: metrics: {e}");
+            return ExitCode::from(EXIT_CANNOT_START);
+        }
+    };
+    let interceptor = if policy.needs_interception() {
+        let Some(vault_path) = args.vault.as_deref() else {
+            eprintln!(
+                "sandgate: the policy has credential or git rules, so the proxy needs its CA and secrets: pass --vault FILE (see `sandgate ca init` and `sandgate secret set`)"
+            );
+            return ExitCode::from(EXIT_BAD_POLICY);
+        };
+        let built = open_vault(vault_path, &args.vault_key_file, false)
+            .map_err(|e| e.to_string())
+            .and_then(|v| sandgate_proxy::Interceptor::new(v, &policy, &args.upstream_ca, &metrics).map_err(|e| e.to_string()));
+        match built {
+            Ok(i) => Some(i),
+            Err(e) => {
+                eprintln!("sandgate: {e}");
+                return ExitCode::from(EXIT_VAULT);
+            }
+        }
+    } else {
+        None
+    };
     let config = ProxyConfig {
+        interceptor,
+        metrics: Some(metrics),
         explicit: Some(args.listen),
         transparent: (!args.no_transparent).then_some(args.transparent),
         sni_relays: args.sni_relay,

@@ -139,6 +139,11 @@ impl CompiledPolicy {
         self.git.iter().find(|g| g.covers_host(host))
     }
 
+    /// Whether any host is intercepted (the proxy then needs its CA and the vault).
+    pub fn needs_interception(&self) -> bool {
+        !self.credentials.is_empty() || !self.git.is_empty()
+    }
+
     /// Whether connections to `host` are intercepted (TLS terminated by Sandgate): only hosts
     /// that a credential rule or a git rule names. Every other host stays an opaque tunnel.
     pub fn intercepts(&self, host: &HostName) -> bool {

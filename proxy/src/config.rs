@@ -28,6 +28,10 @@ pub struct ProxyConfig {
     pub workers: usize,
     /// Limits on clients and upstreams.
     pub limits: Limits,
+    /// TLS interception for hosts with credential or git rules; `None` when the policy has none.
+    pub interceptor: Option<std::sync::Arc<crate::intercept::Interceptor>>,
+    /// Metrics to use (the interceptor registers into the same set); `None` makes new ones.
+    pub metrics: Option<crate::ProxyMetrics>,
 }
 
 /// Limits that keep one client or one connection from disturbing the others.
@@ -93,6 +97,8 @@ impl Default for ProxyConfig {
             policy_poll: Duration::from_secs(2),
             workers: default_workers(),
             limits: Limits::default(),
+            interceptor: None,
+            metrics: None,
         }
     }
 }

@@ -62,6 +62,16 @@ pub enum ProxyError {
     /// The upstream HTTP exchange failed.
     #[error("upstream HTTP: {0}")]
     UpstreamHttp(String),
+    /// The client's TLS handshake with Sandgate's leaf failed (does the sandbox trust
+    /// Sandgate's CA?).
+    #[error("client TLS handshake failed: {0}; the sandbox must trust Sandgate's CA (`sandgate ca cert`)")]
+    ClientTls(String),
+    /// The origin's certificate did not verify, or its TLS failed: nothing was sent to it.
+    #[error("origin TLS failed, nothing was sent: {0}")]
+    UpstreamTls(String),
+    /// A credential could not be read or applied.
+    #[error("credential unavailable: {0}")]
+    Credential(String),
 }
 
 /// Which side a failure came from.
@@ -73,6 +83,8 @@ pub enum Side {
     Upstream,
     /// A limit of the proxy's.
     Limit,
+    /// Sandgate itself (its vault or configuration).
+    Internal,
 }
 
 impl ProxyError {
@@ -94,6 +106,9 @@ impl ProxyError {
             Self::Idle => "idle_timeout",
             Self::Io(_) => "io_error",
             Self::UpstreamHttp(_) => "upstream_http_error",
+            Self::ClientTls(_) => "client_tls_failed",
+            Self::UpstreamTls(_) => "upstream_tls_failed",
+            Self::Credential(_) => "credential_unavailable",
         }
     }
 
@@ -108,11 +123,15 @@ impl ProxyError {
             | Self::HeaderTooLarge(_)
             | Self::NoOriginalDestination
             | Self::Idle
+            | Self::ClientTls(_)
             | Self::Io(_) => Side::Client,
-            Self::Resolve { .. } | Self::Connect { .. } | Self::ConnectTimeout(_) | Self::UpstreamHttp(_) => {
-                Side::Upstream
-            }
+            Self::Resolve { .. }
+            | Self::Connect { .. }
+            | Self::ConnectTimeout(_)
+            | Self::UpstreamHttp(_)
+            | Self::UpstreamTls(_) => Side::Upstream,
             Self::LimitTotal | Self::LimitClient => Side::Limit,
+            Self::Credential(_) => Side::Internal,
         }
     }
 
@@ -125,6 +144,7 @@ impl ProxyError {
                 _ => 502,
             },
             Side::Limit => 503,
+            Side::Internal => 500,
         }
     }
 }

@@ -30,7 +30,7 @@ use crate::shared::{ConnGuard, Refusal, Shared, denial_message, raw_response};
 use crate::sni;
 use crate::tunnel::{self, TunnelError};
 
-type ProxyBody = BoxBody<Bytes, hyper::Error>;
+pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
 /// Header carrying the reason of a denial, for agents and scripts.
 const REASON_HEADER: &str = "x-sandgate-reason";
@@ -242,7 +242,7 @@ async fn connect_fast(
             let shared = shared.clone();
             tokio::spawn(async move {
                 let _guard = guard;
-                tunnel_after_connect(&shared, &policy, stream, early, upstream, rec, profile, &host).await;
+                after_connect(&shared, policy, stream, early, upstream, rec, profile, host).await;
             });
         }
         Err(Refusal::Denied(d)) => {
@@ -359,7 +359,7 @@ impl ExplicitConn {
             early.extend_from_slice(&prefix);
             early.extend_from_slice(&parts.read_buf);
             drop((prefix, parts.read_buf));
-            tunnel_after_connect(&shared, &policy, client, early, upstream, rec, profile, &host).await;
+            after_connect(&shared, policy, client, early, upstream, rec, profile, host).await;
         });
         Response::new(empty())
     }
@@ -478,6 +478,41 @@ impl ExplicitConn {
             r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
+    }
+}
+
+/// After `200 Connection established`: hosts a credential or git rule names are intercepted;
+/// every other host is a tunnel Sandgate never decrypts.
+#[expect(clippy::too_many_arguments, reason = "one call site per listener; a struct would only rename them")]
+pub(crate) async fn after_connect(
+    shared: &Arc<Shared>,
+    policy: Arc<CompiledPolicy>,
+    client: TcpStream,
+    early: BytesMut,
+    upstream: TcpStream,
+    mut rec: Box<ConnRecord>,
+    profile: ProfileId,
+    host: Host,
+) {
+    let Host::Name(name) = &host else {
+        return tunnel_after_connect(shared, &policy, client, early, upstream, rec, profile, &host).await;
+    };
+    if !policy.intercepts(name) {
+        return tunnel_after_connect(shared, &policy, client, early, upstream, rec, profile, &host).await;
+    }
+    match shared.interceptor.clone() {
+        Some(icpt) => {
+            let port = rec.port;
+            Box::pin(crate::intercept::serve(shared.clone(), icpt, policy, client, early, upstream, rec, profile, name.clone(), port))
+                .await;
+        }
+        None => {
+            // Fail closed: a plain tunnel would skip the git rules and the credential.
+            rec.fail(&ProxyError::Credential(
+                "the policy intercepts this host but no CA is loaded; start the proxy with --vault holding `sandgate ca init`'s CA".into(),
+            ));
+            rec.finish(&policy, &shared.metrics);
+        }
     }
 }
 
@@ -638,7 +673,7 @@ fn basic_user(v: &str) -> Option<String> {
     ok.then(|| user.to_owned())
 }
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -651,11 +686,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn empty() -> ProxyBody {
+pub(crate) fn empty() -> ProxyBody {
     Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
 }
 
-fn text_response(status: StatusCode, reason: &'static str, body: String) -> Response<ProxyBody> {
+pub(crate) fn text_response(status: StatusCode, reason: &'static str, body: String) -> Response<ProxyBody> {
     let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
     *r.status_mut() = status;
     let h = r.headers_mut();
@@ -666,17 +701,18 @@ fn text_response(status: StatusCode, reason: &'static str, body: String) -> Resp
 
 /// A body that counts its data bytes and, for responses, emits the request's record when it
 /// ends or is dropped.
-struct Counted<B> {
-    inner: B,
-    count: Arc<AtomicU64>,
-    done: Option<Finisher>,
+pub(crate) struct Counted<B> {
+    pub(crate) inner: B,
+    pub(crate) count: Arc<AtomicU64>,
+    pub(crate) done: Option<Finisher>,
 }
 
-struct Finisher {
-    rec: Option<Box<ConnRecord>>,
-    up: Arc<AtomicU64>,
-    policy: Arc<CompiledPolicy>,
-    shared: Arc<Shared>,
+/// Emits a request's record when its response body ends (or is dropped).
+pub(crate) struct Finisher {
+    pub(crate) rec: Option<Box<ConnRecord>>,
+    pub(crate) up: Arc<AtomicU64>,
+    pub(crate) policy: Arc<CompiledPolicy>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl Drop for Finisher {
@@ -726,9 +762,9 @@ where
 
 /// A client stream with bytes already read from it put back in front, so hyper sees the
 /// connection from its first byte.
-struct Prefixed {
-    prefix: Bytes,
-    inner: TcpStream,
+pub(crate) struct Prefixed {
+    pub(crate) prefix: Bytes,
+    pub(crate) inner: TcpStream,
 }
 
 impl AsyncRead for Prefixed {

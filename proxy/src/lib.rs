@@ -10,6 +10,7 @@ mod config;
 mod connect;
 mod error;
 mod explicit;
+pub mod intercept;
 pub mod log;
 mod metrics;
 mod reload;
@@ -31,6 +32,7 @@ use tokio::task::JoinSet;
 pub use config::{Limits, ProxyConfig, default_workers};
 pub use error::{ProxyError, Side};
 pub use metrics::ProxyMetrics;
+pub use intercept::Interceptor;
 pub use reload::{LoadError, load_policy};
 
 use crate::log::{ConnRecord, Listener};
@@ -123,9 +125,12 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         None => None,
     };
     let resolver = resolve::Resolver::new(&config.dns_servers).map_err(StartError::Resolver)?;
-    let metrics = ProxyMetrics::new()?;
+    let metrics = match config.metrics.clone() {
+        Some(m) => m,
+        None => ProxyMetrics::new()?,
+    };
     let (policy_tx, policy_rx) = watch::channel(Arc::new(policy));
-    let shared = Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone()));
+    let shared = Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone(), config.interceptor.clone()));
     let (stop, stop_rx) = watch::channel(false);
     let find = |k: Listener| bound.iter().find(|(kind, _)| *kind == k).map(|(_, a)| *a);
     let mut running = RunningProxy {

@@ -50,6 +50,10 @@ pub const METHOD: &str = "method";
 pub const PATH: &str = "path";
 /// Field: an error message, when the connection failed.
 pub const ERROR: &str = "error";
+/// Field: the credential rule whose secret was injected.
+pub const CREDENTIAL: &str = "credential";
+/// Field: whether Sandgate terminated TLS.
+pub const INTERCEPTED: &str = "intercepted";
 
 /// Which listener accepted a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +110,10 @@ pub struct ConnRecord {
     pub down: u64,
     /// Error label and message, if the connection failed.
     pub error: Option<(&'static str, String)>,
+    /// The credential rule whose secret was injected (its name, never the value).
+    pub credential: Option<String>,
+    /// Whether Sandgate terminated TLS for this request.
+    pub intercepted: bool,
 }
 
 impl ConnRecord {
@@ -128,6 +136,8 @@ impl ConnRecord {
             up: 0,
             down: 0,
             error: None,
+            credential: None,
+            intercepted: false,
         })
     }
 
@@ -179,6 +189,8 @@ impl ConnRecord {
             method = self.method.as_deref(),
             path = self.path.as_deref(),
             error = self.error.as_ref().map(|(_, m)| m.as_str()),
+            credential = self.credential.as_deref(),
+            intercepted = self.intercepted,
             "connection closed"
         );
     }

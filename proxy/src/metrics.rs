@@ -24,6 +24,10 @@ pub struct ProxyMetrics {
     pub dns_seconds: HistogramVec,
     /// `sandgate_proxy_policy_reloads_total{result}`.
     pub reloads: IntCounterVec,
+    /// `sandgate_proxy_credentials_injected_total{credential}`.
+    pub injected: IntCounterVec,
+    /// `sandgate_proxy_leaf_mint_seconds`.
+    pub leaf_mint_seconds: Histogram,
 }
 
 // === impl ProxyMetrics ===
@@ -66,6 +70,17 @@ impl ProxyMetrics {
             Opts::new("sandgate_proxy_policy_reloads_total", "Policy reloads, by result (ok or error)."),
             &["result"],
         )?;
+        let injected = IntCounterVec::new(
+            Opts::new(
+                "sandgate_proxy_credentials_injected_total",
+                "Requests that got a credential from the vault, by credential rule name.",
+            ),
+            &["credential"],
+        )?;
+        let leaf_mint_seconds = Histogram::with_opts(
+            HistogramOpts::new("sandgate_proxy_leaf_mint_seconds", "Time to mint a leaf certificate (cache misses).")
+                .buckets(LATENCY_BUCKETS.to_vec()),
+        )?;
         let build = IntGaugeVec::new(
             Opts::new("sandgate_build_info", "Always 1; the labels name the running build."),
             &["version"],
@@ -77,11 +92,13 @@ impl ProxyMetrics {
         registry.register(Box::new(connect_seconds.clone()))?;
         registry.register(Box::new(dns_seconds.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(injected.clone()))?;
+        registry.register(Box::new(leaf_mint_seconds.clone()))?;
         registry.register(Box::new(build))?;
         for result in ["ok", "error"] {
             reloads.with_label_values(&[result]);
         }
-        Ok(Self { registry, connections, active, bytes, connect_seconds, dns_seconds, reloads })
+        Ok(Self { registry, connections, active, bytes, connect_seconds, dns_seconds, reloads, injected, leaf_mint_seconds })
     }
 
     /// The Prometheus text exposition of every metric.

@@ -31,6 +31,7 @@ pub(crate) struct Shared {
     pub(crate) draining: AtomicBool,
     pub(crate) active: AtomicUsize,
     pub(crate) idle: Notify,
+    pub(crate) interceptor: Option<Arc<crate::intercept::Interceptor>>,
     per_client: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -60,6 +61,7 @@ impl Shared {
         resolver: Resolver,
         metrics: ProxyMetrics,
         limits: Limits,
+        interceptor: Option<Arc<crate::intercept::Interceptor>>,
     ) -> Self {
         Self {
             policy,
@@ -71,6 +73,7 @@ impl Shared {
             draining: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             idle: Notify::new(),
+            interceptor,
             per_client: Mutex::new(HashMap::new()),
         }
     }

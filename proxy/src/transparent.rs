@@ -111,6 +111,16 @@ pub(crate) async fn serve(
         Err(Refusal::Denied(d)) => return refuse(&shared, &policy, client, rec, &d, &peeked).await,
         Err(Refusal::Failed(e)) => return fail(&shared, &policy, rec, e),
     };
+    if let (Peeked::Tls, Host::Name(name)) = (&peeked, &host)
+        && policy.intercepts(name)
+    {
+        let Some(icpt) = shared.interceptor.clone() else {
+            return fail(&shared, &policy, rec, ProxyError::Credential("the policy intercepts this host but no CA is loaded".into()));
+        };
+        let name = name.clone();
+        Box::pin(crate::intercept::serve(shared.clone(), icpt, policy.clone(), client, buf, upstream, rec, profile, name, port)).await;
+        return;
+    }
     finish_tunnel(&shared, &policy, &mut client, &mut upstream, buf, rec).await;
 }
 
