@@ -81,7 +81,13 @@ pub(crate) struct VaultArgs {
     #[arg(long, value_name = "FILE", default_value = "sandgate-vault.json", env = "SANDGATE_VAULT", global = true)]
     pub(crate) vault: PathBuf,
     /// The vault key file (created 0600 on first `set`); ignored when SANDGATE_VAULT_KEY is set.
-    #[arg(long = "key-file", value_name = "FILE", default_value = "sandgate-vault.key", env = "SANDGATE_VAULT_KEY_FILE", global = true)]
+    #[arg(
+        long = "key-file",
+        value_name = "FILE",
+        default_value = "sandgate-vault.key",
+        env = "SANDGATE_VAULT_KEY_FILE",
+        global = true
+    )]
     pub(crate) key_file: PathBuf,
 }
 

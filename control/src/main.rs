@@ -132,7 +132,11 @@ fn secret(args: SecretArgs) -> ExitCode {
     }
 }
 
-fn open_vault(vault: &std::path::Path, key_file: &std::path::Path, create_key: bool) -> Result<sandgate_vault::Vault, sandgate_vault::VaultError> {
+fn open_vault(
+    vault: &std::path::Path,
+    key_file: &std::path::Path,
+    create_key: bool,
+) -> Result<sandgate_vault::Vault, sandgate_vault::VaultError> {
     let env_key = std::env::var(sandgate_vault::KEY_ENV).ok();
     sandgate_vault::VaultKey::load(key_file, env_key.as_deref(), create_key)
         .and_then(|k| sandgate_vault::Vault::open(vault, k))
@@ -216,9 +220,9 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
             );
             return ExitCode::from(EXIT_BAD_POLICY);
         };
-        let built = open_vault(vault_path, &args.vault_key_file, false)
-            .map_err(|e| e.to_string())
-            .and_then(|v| sandgate_proxy::Interceptor::new(v, &policy, &args.upstream_ca, &metrics).map_err(|e| e.to_string()));
+        let built = open_vault(vault_path, &args.vault_key_file, false).map_err(|e| e.to_string()).and_then(|v| {
+            sandgate_proxy::Interceptor::new(v, &policy, &args.upstream_ca, &metrics).map_err(|e| e.to_string())
+        });
         match built {
             Ok(i) => Some(i),
             Err(e) => {

@@ -136,9 +136,10 @@ impl Validator<'_> {
                     HostPattern::Subdomains(n) => format!("sandgate-check.{n}"),
                 };
                 let Ok(host) = crate::Host::parse(&sample) else { continue };
+                // Allowed on some port by some profile: `port_not_allowed` means a rule names it.
                 let allowed = (0..compiled.profile_count()).any(|p| {
-                    compiled.decide(crate::ProfileId(u16::try_from(p).unwrap_or(0)), &host, 443).verdict
-                        == crate::Verdict::Allow
+                    let d = compiled.decide(crate::ProfileId(u16::try_from(p).unwrap_or(0)), &host, 443);
+                    d.verdict == crate::Verdict::Allow || d.reason == crate::Reason::PortNotAllowed
                 });
                 if !allowed {
                     return self.err(

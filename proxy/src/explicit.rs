@@ -503,8 +503,19 @@ pub(crate) async fn after_connect(
     match shared.interceptor.clone() {
         Some(icpt) => {
             let port = rec.port;
-            Box::pin(crate::intercept::serve(shared.clone(), icpt, policy, client, early, upstream, rec, profile, name.clone(), port))
-                .await;
+            Box::pin(crate::intercept::serve(
+                shared.clone(),
+                icpt,
+                policy,
+                client,
+                early,
+                upstream,
+                rec,
+                profile,
+                name.clone(),
+                port,
+            ))
+            .await;
         }
         None => {
             // Fail closed: a plain tunnel would skip the git rules and the credential.

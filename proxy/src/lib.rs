@@ -31,8 +31,8 @@ use tokio::task::JoinSet;
 
 pub use config::{Limits, ProxyConfig, default_workers};
 pub use error::{ProxyError, Side};
-pub use metrics::ProxyMetrics;
 pub use intercept::Interceptor;
+pub use metrics::ProxyMetrics;
 pub use reload::{LoadError, load_policy};
 
 use crate::log::{ConnRecord, Listener};
@@ -130,7 +130,8 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         None => ProxyMetrics::new()?,
     };
     let (policy_tx, policy_rx) = watch::channel(Arc::new(policy));
-    let shared = Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone(), config.interceptor.clone()));
+    let shared =
+        Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone(), config.interceptor.clone()));
     let (stop, stop_rx) = watch::channel(false);
     let find = |k: Listener| bound.iter().find(|(kind, _)| *kind == k).map(|(_, a)| *a);
     let mut running = RunningProxy {

@@ -98,7 +98,17 @@ impl ProxyMetrics {
         for result in ["ok", "error"] {
             reloads.with_label_values(&[result]);
         }
-        Ok(Self { registry, connections, active, bytes, connect_seconds, dns_seconds, reloads, injected, leaf_mint_seconds })
+        Ok(Self {
+            registry,
+            connections,
+            active,
+            bytes,
+            connect_seconds,
+            dns_seconds,
+            reloads,
+            injected,
+            leaf_mint_seconds,
+        })
     }
 
     /// The Prometheus text exposition of every metric.

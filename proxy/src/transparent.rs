@@ -115,10 +115,27 @@ pub(crate) async fn serve(
         && policy.intercepts(name)
     {
         let Some(icpt) = shared.interceptor.clone() else {
-            return fail(&shared, &policy, rec, ProxyError::Credential("the policy intercepts this host but no CA is loaded".into()));
+            return fail(
+                &shared,
+                &policy,
+                rec,
+                ProxyError::Credential("the policy intercepts this host but no CA is loaded".into()),
+            );
         };
         let name = name.clone();
-        Box::pin(crate::intercept::serve(shared.clone(), icpt, policy.clone(), client, buf, upstream, rec, profile, name, port)).await;
+        Box::pin(crate::intercept::serve(
+            shared.clone(),
+            icpt,
+            policy.clone(),
+            client,
+            buf,
+            upstream,
+            rec,
+            profile,
+            name,
+            port,
+        ))
+        .await;
         return;
     }
     finish_tunnel(&shared, &policy, &mut client, &mut upstream, buf, rec).await;

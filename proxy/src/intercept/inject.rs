@@ -17,7 +17,12 @@ pub enum InjectError {
 }
 
 /// Removes any credential the sandbox sent and adds the secret as `apply` says.
-pub fn inject(headers: &mut HeaderMap, apply: &Apply, secret_name: &str, secret: &Secret<Vec<u8>>) -> Result<(), InjectError> {
+pub fn inject(
+    headers: &mut HeaderMap,
+    apply: &Apply,
+    secret_name: &str,
+    secret: &Secret<Vec<u8>>,
+) -> Result<(), InjectError> {
     headers.remove(AUTHORIZATION);
     headers.remove(PROXY_AUTHORIZATION);
     let bad = || InjectError::NotHeaderSafe(secret_name.to_owned());
@@ -27,7 +32,8 @@ pub fn inject(headers: &mut HeaderMap, apply: &Apply, secret_name: &str, secret:
             plain.extend_from_slice(username.as_bytes());
             plain.push(b':');
             plain.extend_from_slice(secret.expose());
-            let encoded = Zeroizing::new(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(&*plain)));
+            let encoded =
+                Zeroizing::new(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(&*plain)));
             (AUTHORIZATION, HeaderValue::from_str(&encoded).map_err(|_| bad())?)
         }
         Apply::Bearer => {
@@ -82,7 +88,8 @@ mod tests {
         h.insert(AUTHORIZATION, HeaderValue::from_static("Basic c2FuZGJveDpmYWtl"));
         h.insert(PROXY_AUTHORIZATION, HeaderValue::from_static("Basic eDp5"));
         inject(&mut h, &Apply::Basic { username: "x-access-token".into() }, "t", &secret()).unwrap();
-        let expected = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("x-access-token:ghp_realtoken"));
+        let expected =
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("x-access-token:ghp_realtoken"));
         assert_eq!(h.get_all(AUTHORIZATION).iter().count(), 1);
         assert_eq!(h[AUTHORIZATION], expected.as_str());
         assert!(h[AUTHORIZATION].is_sensitive());

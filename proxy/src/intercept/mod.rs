@@ -143,7 +143,10 @@ impl Interceptor {
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| InterceptSetupError::UpstreamCa { path: path.clone(), problem: e.to_string() })?;
             if certs.is_empty() {
-                return Err(InterceptSetupError::UpstreamCa { path: path.clone(), problem: "no certificate in it".into() });
+                return Err(InterceptSetupError::UpstreamCa {
+                    path: path.clone(),
+                    problem: "no certificate in it".into(),
+                });
             }
             roots.add_parsable_certificates(certs);
         }
@@ -333,7 +336,8 @@ impl Ctx {
         let upgrade = req.headers().contains_key(header::UPGRADE);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let upgrade_headers = upgrade.then(|| (parts.headers.get(header::CONNECTION).cloned(), parts.headers.get(header::UPGRADE).cloned()));
+        let upgrade_headers = upgrade
+            .then(|| (parts.headers.get(header::CONNECTION).cloned(), parts.headers.get(header::UPGRADE).cloned()));
         strip_hop_by_hop(&mut parts.headers);
         if let Some((conn, up)) = upgrade_headers {
             if let Some(v) = conn {
@@ -349,10 +353,11 @@ impl Ctx {
         let body = Counted { inner: body, count: up_count.clone(), done: None };
         let sent = match &self.upstream {
             Upstream::H2(sender) => {
-                parts.uri = match Uri::builder().scheme("https").authority(authority.as_str()).path_and_query(pq).build() {
-                    Ok(u) => u,
-                    Err(e) => return self.fail(rec, ProxyError::UpstreamHttp(e.to_string())),
-                };
+                parts.uri =
+                    match Uri::builder().scheme("https").authority(authority.as_str()).path_and_query(pq).build() {
+                        Ok(u) => u,
+                        Err(e) => return self.fail(rec, ProxyError::UpstreamHttp(e.to_string())),
+                    };
                 parts.version = http::Version::HTTP_2;
                 parts.headers.remove(header::HOST);
                 let mut sender = sender.clone();
@@ -396,7 +401,8 @@ impl Ctx {
         if parts.version != http::Version::HTTP_2 {
             strip_hop_by_hop(&mut parts.headers);
         }
-        let finisher = Finisher { rec: Some(rec), up: up_count, policy: self.policy.clone(), shared: self.shared.clone() };
+        let finisher =
+            Finisher { rec: Some(rec), up: up_count, policy: self.policy.clone(), shared: self.shared.clone() };
         let body = Counted { inner: body, count: Arc::new(AtomicU64::new(0)), done: Some(finisher) };
         Response::from_parts(parts, body.boxed())
     }

@@ -5,6 +5,7 @@ mod cli;
 mod dns;
 mod explicit;
 mod git_http;
+mod intercept;
 mod limits;
 mod reload;
 mod tls_checks;

@@ -65,6 +65,17 @@ pub(crate) fn ok(out: &Output, what: &str) {
 
 /// Starts a server with one bare repository, `repo.git`, holding one commit.
 pub(crate) async fn server() -> GitServer {
+    server_with(&["repo.git"], None, None).await
+}
+
+/// Starts a server with bare repositories at `repos` (e.g. `org/app.git`), over TLS when
+/// `tls` is given, demanding `Authorization: <required>` (401 otherwise) when it is given and
+/// recording every Authorization value it sees in `seen`.
+pub(crate) async fn server_with(
+    repos: &[&str],
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    required: Option<(String, super::origin::Seen)>,
+) -> GitServer {
     let root = tempfile::tempdir().unwrap();
     let seed = root.path().join("seed");
     std::fs::create_dir(&seed).unwrap();
@@ -72,8 +83,12 @@ pub(crate) async fn server() -> GitServer {
     std::fs::write(seed.join("README"), "hello from the origin\n").unwrap();
     ok(&git(&seed, &["add", "README"], &[]), "add");
     ok(&git(&seed, &["commit", "-q", "-m", "first"], &[]), "commit");
-    ok(&git(root.path(), &["clone", "-q", "--bare", "seed", "repo.git"], &[]), "bare clone");
-    ok(&git(&root.path().join("repo.git"), &["config", "http.receivepack", "true"], &[]), "config");
+    for repo in repos {
+        let dest = root.path().join(repo);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        ok(&git(root.path(), &["clone", "-q", "--bare", "seed", dest.to_str().unwrap()], &[]), "bare clone");
+        ok(&git(&dest, &["config", "http.receivepack", "true"], &[]), "config");
+    }
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -82,13 +97,37 @@ pub(crate) async fn server() -> GitServer {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
             let project_root = project_root.clone();
+            let (tls, required) = (tls.clone(), required.clone());
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let root = project_root.clone();
-                    async move { Ok::<_, Infallible>(cgi(&root, req).await) }
+                    let required = required.clone();
+                    async move {
+                        if let Some((want, seen)) = &required {
+                            let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("-");
+                            seen.lock().unwrap().push(auth.to_owned());
+                            if auth != want {
+                                let mut r = Response::new(Full::new(Bytes::from_static(b"auth required")));
+                                *r.status_mut() = StatusCode::UNAUTHORIZED;
+                                r.headers_mut()
+                                    .insert("www-authenticate", http::HeaderValue::from_static("Basic realm=\"git\""));
+                                return Ok::<_, Infallible>(r);
+                            }
+                        }
+                        Ok::<_, Infallible>(cgi(&root, req).await)
+                    }
                 });
-                let _ =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let builder = hyper::server::conn::http1::Builder::new();
+                match tls {
+                    Some(acceptor) => {
+                        if let Ok(s) = acceptor.accept(stream).await {
+                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
             });
         }
     });

@@ -35,18 +35,47 @@ pub(crate) async fn https(name: &'static str, pki: &super::pki::Pki, names: &[&s
     serve(TcpListener::bind("127.0.0.1:0").await.unwrap(), name, Some(tls))
 }
 
+/// What an origin saw: the `Authorization` header of each request (`-` when absent), kept in
+/// the test process so a secret never has to travel back in a response.
+pub(crate) type Seen = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// An HTTPS origin that records the Authorization header of every request.
+pub(crate) async fn https_recording(name: &'static str, pki: &super::pki::Pki, names: &[&str]) -> (Origin, Seen) {
+    let seen: Seen = Arc::default();
+    let tls = tokio_rustls::TlsAcceptor::from(pki.server_config(names));
+    let o = serve_inner(TcpListener::bind("127.0.0.1:0").await.unwrap(), name, Some(tls), Some(seen.clone()));
+    (o, seen)
+}
+
 /// Serves on an already bound listener (one made inside a network namespace, say).
 pub(crate) fn serve(listener: TcpListener, name: &'static str, tls: Option<tokio_rustls::TlsAcceptor>) -> Origin {
+    serve_inner(listener, name, tls, None)
+}
+
+fn serve_inner(
+    listener: TcpListener,
+    name: &'static str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    seen: Option<Seen>,
+) -> Origin {
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
             let tls = tls.clone();
+            let seen = seen.clone();
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| async move {
-                    let host = req.headers().get("host").and_then(|h| h.to_str().ok()).unwrap_or("-").to_owned();
-                    let body = format!("origin {name} {} {} host={host}\n", req.method(), req.uri());
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        if let Some(seen) = &seen {
+                            let auth = req.headers().get("authorization").and_then(|h| h.to_str().ok()).unwrap_or("-");
+                            seen.lock().unwrap().push(auth.to_owned());
+                        }
+                        let host = req.headers().get("host").and_then(|h| h.to_str().ok()).unwrap_or("-").to_owned();
+                        let body = format!("origin {name} {} {} host={host}\n", req.method(), req.uri());
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                    }
                 });
                 let builder = hyper::server::conn::http1::Builder::new();
                 match tls {
