@@ -295,3 +295,90 @@ fn a_policy_with_credentials_needs_the_vault_before_listening() {
     assert!(err.contains("credential `git-token` needs the secret `git-token`"), "{err}");
     assert!(!err.contains(CANARY));
 }
+
+/// An HTTPS origin that accepts a WebSocket upgrade and then echoes raw bytes.
+async fn websocket_origin(pki: &Pki) -> std::net::SocketAddr {
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config(&["origin.test"]));
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else { return };
+                let service = hyper::service::service_fn(|mut req: http::Request<Incoming>| async move {
+                    let key = req.headers().get("sec-websocket-key").cloned();
+                    let upgrade = hyper::upgrade::on(&mut req);
+                    tokio::spawn(async move {
+                        if let Ok(up) = upgrade.await {
+                            let mut io = TokioIo::new(up);
+                            let (mut r, mut w) = tokio::io::split(&mut io);
+                            let _ = tokio::io::copy(&mut r, &mut w).await;
+                        }
+                    });
+                    let mut r = http::Response::new(Full::new(bytes::Bytes::new()));
+                    *r.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+                    r.headers_mut().insert("connection", http::HeaderValue::from_static("upgrade"));
+                    r.headers_mut().insert("upgrade", http::HeaderValue::from_static("websocket"));
+                    if let Some(k) = key {
+                        r.headers_mut().insert("sec-websocket-accept", k);
+                    }
+                    Ok::<_, std::convert::Infallible>(r)
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).with_upgrades().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_upgrade_passes_through_an_intercepted_host() {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = Pki::new();
+    let origin = websocket_origin(&pki).await;
+    let port = origin.port();
+    let b = Broker::new(&[("origin-token", CANARY), ("git-token", "unused-git-token")]);
+    let p = b.proxy(&credential_policy(&[port], ""), &pki);
+
+    let mut s = tokio::net::TcpStream::connect(p.explicit).await.unwrap();
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(s.read_u8().await.unwrap());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&b.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, s).await.unwrap();
+    tls.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: origin.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut resp = Vec::new();
+    while !resp.ends_with(b"\r\n\r\n") {
+        resp.push(tls.read_u8().await.unwrap());
+    }
+    let resp = String::from_utf8_lossy(&resp).to_lowercase();
+    assert!(resp.starts_with("http/1.1 101"), "{resp}");
+    assert!(resp.contains("upgrade: websocket"), "{resp}");
+    // A masked text frame "hello", echoed back as is through both upgraded connections.
+    let frame = [0x81, 0x85, 1, 2, 3, 4, b'h' ^ 1, b'e' ^ 2, b'l' ^ 3, b'l' ^ 4, b'o' ^ 1];
+    tls.write_all(&frame).await.unwrap();
+    let mut echo = [0u8; 11];
+    tokio::time::timeout(std::time::Duration::from_secs(5), tls.read_exact(&mut echo)).await.unwrap().unwrap();
+    assert_eq!(echo, frame);
+    p.wait_log("websocket", |v| v["path"] == "/ws" && v["credential"] == "origin-token");
+}
