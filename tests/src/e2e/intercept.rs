@@ -328,7 +328,10 @@ async fn websocket_origin(pki: &Pki) -> std::net::SocketAddr {
                     }
                     Ok::<_, std::convert::Infallible>(r)
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).with_upgrades().await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades()
+                    .await;
             });
         }
     });
@@ -355,11 +358,12 @@ async fn a_websocket_upgrade_passes_through_an_intercepted_host() {
     for c in CertificateDer::pem_file_iter(&b.ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
     }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, s).await.unwrap();
     tls.write_all(
