@@ -34,6 +34,12 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.log_format);
+    // Every command that may open the vault keeps its memory out of core dumps.
+    if matches!(cli.command, Command::Proxy(_) | Command::Secret(_) | Command::Ca(_)) {
+        for refused in sandgate_vault::protect_process_memory() {
+            tracing::warn!("cannot protect process memory ({refused}); a core dump could hold secrets");
+        }
+    }
     match cli.command {
         Command::Proxy(args) => run_proxy(args),
         Command::Policy(PolicyCommand::Check { file }) => match load_policy(Some(&file)) {

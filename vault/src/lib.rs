@@ -13,3 +13,19 @@ pub use error::VaultError;
 pub use file::Vault;
 pub use key::{KEY_ENV, VaultKey};
 pub use secret::Secret;
+
+/// Keeps this process's memory, where opened secrets live, out of core files and away from
+/// other users' debuggers: the core size limit is set to zero and the process is marked not
+/// dumpable. Call it first thing in a process that opens the vault. Best effort: each step that
+/// the kernel refuses is reported, and the rest still applies.
+pub fn protect_process_memory() -> Vec<String> {
+    use rustix::process::{DumpableBehavior, Resource, Rlimit, set_dumpable_behavior, setrlimit};
+    let mut refused = Vec::new();
+    if let Err(e) = setrlimit(Resource::Core, Rlimit { current: Some(0), maximum: Some(0) }) {
+        refused.push(format!("core size limit: {e}"));
+    }
+    if let Err(e) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
+        refused.push(format!("not dumpable: {e}"));
+    }
+    refused
+}

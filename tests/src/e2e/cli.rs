@@ -146,3 +146,11 @@ fn secrets_are_set_from_stdin_listed_by_name_and_never_printed() {
     assert_eq!(other.status.code(), Some(74));
     assert!(String::from_utf8_lossy(&other.stderr).contains("no vault key at"));
 }
+
+#[test]
+fn the_proxy_process_cannot_write_core_files() {
+    let p = crate::support::proxy::new("version: 1\n").start();
+    let status = std::fs::read_to_string(format!("/proc/{}/limits", p.pid())).unwrap();
+    let core = status.lines().find(|l| l.starts_with("Max core file size")).unwrap().to_owned();
+    assert!(core.split_whitespace().filter(|w| *w == "0").count() >= 2, "core dumps still allowed: {core}");
+}
