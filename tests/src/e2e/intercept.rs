@@ -386,3 +386,102 @@ async fn a_websocket_upgrade_passes_through_an_intercepted_host() {
     assert_eq!(echo, frame);
     p.wait_log("websocket", |v| v["path"] == "/ws" && v["credential"] == "origin-token");
 }
+
+/// A response body of one data frame then trailers.
+struct WithTrailers(Option<hyper::body::Frame<bytes::Bytes>>, Option<http::HeaderMap>);
+
+impl hyper::body::Body for WithTrailers {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        if let Some(f) = self.0.take() {
+            return std::task::Poll::Ready(Some(Ok(f)));
+        }
+        std::task::Poll::Ready(self.1.take().map(|t| Ok(hyper::body::Frame::trailers(t))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_end_to_end_with_trailers_forwarded() {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An origin that speaks HTTP/2 (so the broker's origin side is HTTP/2 too) and ends its
+    // response with a trailer, as gRPC does.
+    let pki = Pki::new();
+    let seen: origin::Seen = Default::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config_alpn(&["origin.test"], &[b"h2"]));
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), s2.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else { return };
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("-");
+                        seen.lock().unwrap().push(format!("{:?} {auth}", req.version()));
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        let body = WithTrailers(
+                            Some(hyper::body::Frame::data(bytes::Bytes::from_static(b"h2 body"))),
+                            Some(trailers),
+                        );
+                        Ok::<_, std::convert::Infallible>(http::Response::new(body))
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    let b = Broker::new(&[("origin-token", CANARY), ("git-token", "unused-git-token")]);
+    let p = b.proxy(&credential_policy(&[port], ""), &pki);
+
+    // An HTTP/2 client through CONNECT, trusting only Sandgate's CA.
+    let mut s = tokio::net::TcpStream::connect(p.explicit).await.unwrap();
+    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(s.read_u8().await.unwrap());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&b.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, s).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "the broker offers h2 to the sandbox");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(format!("https://origin.test:{port}/svc.Method"))
+        .header("authorization", "Bearer sandbox-own")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let collected = resp.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers forwarded");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(&collected.to_bytes()[..], b"h2 body");
+    let want = format!("HTTP/2.0 {}", basic("x-access-token", CANARY));
+    assert_eq!(*seen.lock().unwrap(), vec![want], "HTTP/2 to the origin, with the configured credential");
+    assert_no_canary(&p, &[]);
+}

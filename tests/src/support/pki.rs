@@ -27,8 +27,13 @@ impl Pki {
         Self { issuer, ca_path, ca_der, _dir: dir }
     }
 
-    /// A rustls server config for a leaf certificate naming `names`.
+    /// A rustls server config for a leaf certificate naming `names`, offering HTTP/1.1 only.
     pub(crate) fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
+        self.server_config_alpn(names, &[b"http/1.1"])
+    }
+
+    /// A rustls server config for a leaf naming `names`, offering the given ALPN protocols.
+    pub(crate) fn server_config_alpn(&self, names: &[&str], alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
         let key = KeyPair::generate().unwrap();
         let params = CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
@@ -39,7 +44,7 @@ impl Pki {
             .with_no_client_auth()
             .with_single_cert(vec![cert.der().clone()], key)
             .unwrap();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }
 
