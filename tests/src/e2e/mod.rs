@@ -1,5 +1,6 @@
 //! End-to-end tests, one module per area.
 
+mod attach;
 mod bad_input;
 mod cli;
 mod dns;

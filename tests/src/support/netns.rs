@@ -107,6 +107,18 @@ impl Topology {
     }
 }
 
+/// Runs `f` on a thread of its own inside the network namespace `ns` and returns its result:
+/// sockets made there belong to that namespace.
+pub(crate) fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_owned();
+    std::thread::spawn(move || {
+        enter(&ns);
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
 /// Moves the calling thread into the named network namespace (for good: use a thread of
 /// its own). Sockets it creates stay in that namespace whichever thread uses them later.
 pub(crate) fn enter(ns: &str) {

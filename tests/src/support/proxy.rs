@@ -32,6 +32,7 @@ pub(crate) struct ProxyBuilder {
     args: Vec<String>,
     netns: Option<String>,
     transparent: Option<String>,
+    listen: String,
 }
 
 /// A running proxy; killed when dropped.
@@ -48,7 +49,13 @@ pub(crate) struct ProxyProc {
 }
 
 pub(crate) fn new(policy: &str) -> ProxyBuilder {
-    ProxyBuilder { policy: policy.to_owned(), args: Vec::new(), netns: None, transparent: None }
+    ProxyBuilder {
+        policy: policy.to_owned(),
+        args: Vec::new(),
+        netns: None,
+        transparent: None,
+        listen: "127.0.0.1:0".into(),
+    }
 }
 
 impl ProxyBuilder {
@@ -61,6 +68,12 @@ impl ProxyBuilder {
     /// Runs the proxy inside a network namespace (`ip netns exec`).
     pub(crate) fn netns(mut self, name: &str) -> Self {
         self.netns = Some(name.to_owned());
+        self
+    }
+
+    /// Opens the explicit listener on `addr` instead of `127.0.0.1:0`.
+    pub(crate) fn listen(mut self, addr: &str) -> Self {
+        self.listen = addr.to_owned();
         self
     }
 
@@ -85,7 +98,7 @@ impl ProxyBuilder {
         cmd.arg("proxy")
             .arg("--policy")
             .arg(&policy_path)
-            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--policy-poll", "100ms"])
+            .args(["--listen", &self.listen, "--admin", "127.0.0.1:0", "--policy-poll", "100ms"])
             .args(["--drain-timeout", "3s"]);
         match &self.transparent {
             Some(t) => cmd.args(["--transparent", t]),
