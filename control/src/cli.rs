@@ -148,6 +148,10 @@ pub(crate) struct ProxyArgs {
     /// Admin listener: /metrics, /healthz, /readyz.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4752", env = "SANDGATE_ADMIN")]
     pub(crate) admin: SocketAddr,
+    /// DNS responder for sandboxes (UDP), where the sidecar's rules send their DNS: names the
+    /// policy allows are answered, every other name gets NXDOMAIN. Off unless given.
+    #[arg(long, value_name = "ADDR", env = "SANDGATE_DNS")]
+    pub(crate) dns: Option<SocketAddr>,
     /// Do not open the admin listener.
     #[arg(long)]
     pub(crate) no_admin: bool,

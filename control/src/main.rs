@@ -246,6 +246,7 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
         transparent: (!args.no_transparent).then_some(args.transparent),
         sni_relays: args.sni_relay,
         admin: (!args.no_admin).then_some(args.admin),
+        dns: args.dns,
         dns_servers: args.dns_server,
         policy_path: args.policy,
         policy_poll: args.policy_poll,
@@ -285,7 +286,12 @@ async fn serve(config: ProxyConfig, policy: CompiledPolicy) -> ExitCode {
         }
     };
     tracing::info!(policy = %origin, "sandgate proxy started");
-    let listeners = [("explicit", running.explicit), ("transparent", running.transparent), ("admin", running.admin)];
+    let listeners = [
+        ("explicit", running.explicit),
+        ("transparent", running.transparent),
+        ("admin", running.admin),
+        ("dns", running.dns),
+    ];
     for (what, addr) in listeners {
         if let Some(addr) = addr {
             tracing::info!(target: "sandgate::listen", listener = what, %addr, "listening");

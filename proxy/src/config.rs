@@ -18,6 +18,8 @@ pub struct ProxyConfig {
     pub sni_relays: Vec<(SocketAddr, u16)>,
     /// Admin listener: `/metrics`, `/healthz`, `/readyz`.
     pub admin: Option<SocketAddr>,
+    /// DNS responder for sandboxes (UDP): allowed names answered, others NXDOMAIN.
+    pub dns: Option<SocketAddr>,
     /// Upstream DNS servers; empty means the system's (`/etc/resolv.conf`).
     pub dns_servers: Vec<SocketAddr>,
     /// The policy file to watch for changes; `None` for the embedded default.
@@ -92,6 +94,7 @@ impl Default for ProxyConfig {
             transparent: None,
             sni_relays: Vec::new(),
             admin: None,
+            dns: None,
             dns_servers: Vec::new(),
             policy_path: None,
             policy_poll: Duration::from_secs(2),

@@ -8,6 +8,7 @@
 mod admin;
 mod config;
 mod connect;
+mod dns;
 mod error;
 mod explicit;
 pub mod intercept;
@@ -77,6 +78,8 @@ pub struct RunningProxy {
     pub sni_relays: Vec<SocketAddr>,
     /// The admin listener's address.
     pub admin: Option<SocketAddr>,
+    /// The DNS responder's address.
+    pub dns: Option<SocketAddr>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
@@ -117,6 +120,16 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         }
         bound.push((kind, actual));
     }
+    let dns = match config.dns {
+        Some(addr) => {
+            let s = std::net::UdpSocket::bind(addr)
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .and_then(tokio::net::UdpSocket::from_std)
+                .map_err(|source| StartError::Bind { addr, what: "DNS", source })?;
+            Some(s)
+        }
+        None => None,
+    };
     let admin = match config.admin {
         Some(addr) => {
             let l = listen(addr, false).map_err(|source| StartError::Bind { addr, what: "admin", source })?;
@@ -139,6 +152,7 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         transparent: find(Listener::Transparent),
         sni_relays: bound.iter().filter(|(k, _)| *k == Listener::Sni).map(|(_, a)| *a).collect(),
         admin: admin.as_ref().and_then(|l| l.local_addr().ok()),
+        dns: dns.as_ref().and_then(|s| s.local_addr().ok()),
         shared: shared.clone(),
         stop,
         tasks: JoinSet::new(),
@@ -156,6 +170,9 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
     }
     if let Some(l) = admin {
         running.tasks.spawn(admin::serve(l, shared.clone(), stop_rx.clone()));
+    }
+    if let Some(s) = dns {
+        running.tasks.spawn(dns::serve(s, shared.clone(), stop_rx.clone()));
     }
     // The watcher runs detached: it ends when every policy receiver (the shared state) is gone.
     tokio::spawn(reload::watch_policy(config.policy_path.clone(), policy_tx, metrics, config.policy_poll));
@@ -284,6 +301,8 @@ async fn accept_loop(
                 Listener::Transparent | Listener::Sni => {
                     transparent::serve(shared, stream, peer, kind, relay_port, guard).await;
                 }
+                // The DNS responder has no TCP listener of its own.
+                Listener::Dns => drop(guard),
             }
         });
     }

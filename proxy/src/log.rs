@@ -64,6 +64,8 @@ pub enum Listener {
     Transparent,
     /// SNI relay (not redirected).
     Sni,
+    /// The DNS responder.
+    Dns,
 }
 
 impl Listener {
@@ -73,6 +75,7 @@ impl Listener {
             Self::Explicit => "explicit",
             Self::Transparent => "transparent",
             Self::Sni => "sni",
+            Self::Dns => "dns",
         }
     }
 }

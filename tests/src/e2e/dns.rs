@@ -84,3 +84,47 @@ async fn names_are_resolved_through_the_configured_server_and_cached() {
     assert_eq!(log["reason"], "resolve_failed");
     assert!(log.get("dst_addr").is_none());
 }
+
+/// A query for `name` of type `qtype` (1 = A, 16 = TXT).
+fn query(id: u16, name: &str, qtype: u8) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.') {
+        q.push(u8::try_from(label.len()).unwrap());
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, qtype, 0, 1]);
+    q
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dns_responder_answers_allowed_names_only() {
+    let p = proxy::new(&loopback_policy(&[443])).args(&["--dns", "127.0.0.1:0"]).start();
+    let dns = p.dns.expect("the DNS listener is announced");
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2))).unwrap();
+    let ask = |id: u16, name: &str, qtype: u8| {
+        s.send_to(&query(id, name, qtype), dns).unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.recv(&mut buf).unwrap();
+        buf[..n].to_vec()
+    };
+    let a = ask(7, "Origin.Test", 1);
+    assert_eq!(&a[..2], &[0, 7], "the reply carries the query's id");
+    assert_eq!(a[3] & 0x0f, 0);
+    assert_eq!(u16::from_be_bytes([a[6], a[7]]), 1, "one answer");
+    assert!(a.ends_with(&[127, 0, 0, 1]), "{a:?}");
+    let txt = ask(8, "origin.test", 16);
+    assert_eq!(
+        (txt[3] & 0x0f, u16::from_be_bytes([txt[6], txt[7]])),
+        (0, 0),
+        "other types of an allowed name: no data"
+    );
+    let denied = ask(9, "exfil.attacker.example", 1);
+    assert_eq!(denied[3] & 0x0f, 3, "NXDOMAIN");
+    let log = p.wait_log("dns deny", |v| v["listener"] == "dns" && v["dst_host"] == "exfil.attacker.example");
+    assert_eq!((log["verdict"].as_str(), log["reason"].as_str()), (Some("deny"), Some("host_not_allowed")));
+    // Garbage gets no answer and does not stop the responder.
+    s.send_to(b"\x00\x01garbage", dns).unwrap();
+    assert_eq!(ask(10, "origin.test", 1)[3] & 0x0f, 0);
+}

@@ -41,6 +41,7 @@ pub(crate) struct ProxyProc {
     pub(crate) explicit: SocketAddr,
     pub(crate) admin: SocketAddr,
     pub(crate) sni: Vec<SocketAddr>,
+    pub(crate) dns: Option<SocketAddr>,
     pub(crate) policy_path: PathBuf,
     netns: Option<String>,
     logs: Arc<Mutex<Vec<Value>>>,
@@ -125,7 +126,7 @@ impl ProxyBuilder {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(10);
-        let (mut explicit, mut admin, mut sni) = (None, None, Vec::new());
+        let (mut explicit, mut admin, mut sni, mut dns) = (None, None, Vec::new(), None);
         while explicit.is_none() || admin.is_none() {
             assert!(Instant::now() < deadline, "proxy did not start: {:?}", diag.lock().unwrap());
             if let Ok(Some(status)) = child.try_wait() {
@@ -140,6 +141,8 @@ impl ProxyBuilder {
                     explicit = Some(addr);
                 } else if line.contains("listener=\"admin\"") {
                     admin = Some(addr);
+                } else if line.contains("listener=\"dns\"") {
+                    dns = Some(addr);
                 } else if line.contains("listener=\"sni\"") && !sni.contains(&addr) {
                     sni.push(addr);
                 }
@@ -150,6 +153,7 @@ impl ProxyBuilder {
             explicit: explicit.unwrap(),
             admin: admin.unwrap(),
             sni,
+            dns,
             policy_path,
             netns: self.netns,
             logs,
