@@ -31,6 +31,14 @@ pub(crate) enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Run a command in a sandbox that can reach only what the policy allows.
+    ///
+    /// Makes a network namespace attached to this host by a veth, runs the proxy on the gateway
+    /// side with rules that send all the sandbox's TCP and DNS to it and drop everything else,
+    /// and runs CMD under bubblewrap (host filesystem read-only, private /tmp, writable
+    /// /workspace, all capabilities dropped). Stdio is passed through; the exit status is CMD's.
+    /// Needs root, iproute2, nftables and bubblewrap.
+    Run(RunArgs),
     /// Run the egress proxy.
     ///
     /// Without --policy it enforces the embedded default: github.com, gitlab.com,
@@ -115,6 +123,19 @@ pub(crate) enum SecretCommand {
         /// The secret's name.
         name: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Policy file; without it, the embedded default allowlist.
+    #[arg(long, value_name = "FILE", env = "SANDGATE_POLICY")]
+    pub(crate) policy: Option<PathBuf>,
+    /// Directory mounted writable at /workspace (default: a new one under the temp dir).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub(crate) command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

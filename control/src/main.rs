@@ -4,6 +4,7 @@
 #![expect(clippy::print_stdout, reason = "printing results is what a command line does")]
 
 mod cli;
+mod run;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -33,15 +34,28 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_logging(cli.log_format);
+    // `sandgate run` passes the command's stdout through, so its connection log goes to stderr.
+    init_logging(cli.log_format, matches!(cli.command, Command::Run(_)));
     // Every command that may open the vault keeps its memory out of core dumps.
-    if matches!(cli.command, Command::Proxy(_) | Command::Secret(_) | Command::Ca(_)) {
+    if matches!(cli.command, Command::Proxy(_) | Command::Run(_) | Command::Secret(_) | Command::Ca(_)) {
         for refused in sandgate_vault::protect_process_memory() {
             tracing::warn!("cannot protect process memory ({refused}); a core dump could hold secrets");
         }
     }
     match cli.command {
         Command::Proxy(args) => run_proxy(args),
+        Command::Run(args) => match load_policy(args.policy.as_deref()) {
+            Ok(policy) => run::run(run::RunSpec {
+                policy,
+                policy_path: args.policy,
+                workspace: args.workspace,
+                command: args.command,
+            }),
+            Err(e) => {
+                eprintln!("sandgate: {e}");
+                ExitCode::from(EXIT_BAD_POLICY)
+            }
+        },
         Command::Policy(PolicyCommand::Check { file }) => match load_policy(Some(&file)) {
             Ok(p) => {
                 let profiles: Vec<&str> = p.profile_names().collect();
@@ -180,7 +194,7 @@ fn plural(n: usize) -> &'static str {
 
 /// Diagnostics go to stderr (text or JSON); the connection log (`sandgate::conn`) goes to
 /// stdout as JSON lines, one per connection, whatever the diagnostic format.
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, conn_to_stderr: bool) {
     let filter = EnvFilter::try_from_env("SANDGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let not_conn = filter::filter_fn(|m| m.target() != sandgate_proxy::log::TARGET);
     let diag = match format {
@@ -198,7 +212,9 @@ fn init_logging(format: LogFormat) {
         .flatten_event(true)
         .with_current_span(false)
         .with_span_list(false)
-        .with_writer(std::io::stdout)
+        .with_writer(move || -> Box<dyn std::io::Write> {
+            if conn_to_stderr { Box::new(std::io::stderr()) } else { Box::new(std::io::stdout()) }
+        })
         .with_filter(filter::Targets::new().with_target(sandgate_proxy::log::TARGET, tracing::Level::INFO));
     tracing_subscriber::registry().with(filter).with(diag).with(conn).init();
 }

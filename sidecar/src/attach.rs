@@ -127,6 +127,16 @@ pub fn apply_rules(run: &mut impl Run, gateway_ns: Option<&str>, config: &Attach
     .map(|_| ())
 }
 
+/// Removes a table (a sandbox's own); a table that is already gone is not an error.
+pub fn remove_table(run: &mut impl Run, gateway_ns: Option<&str>, table: &str) -> Result<(), AttachError> {
+    let script = format!("add table inet {table}\ndelete table inet {table}\n");
+    match gateway_ns {
+        Some(ns) => run.run("ip", &["netns", "exec", ns, "nft", "-f", "-"], Some(&script)),
+        None => run.run("nft", &["-f", "-"], Some(&script)),
+    }
+    .map(|_| ())
+}
+
 /// Removes the sandbox's namespace, which also removes its veth, routes and conntrack entries.
 pub fn detach(run: &mut impl Run, attached: &Attached) -> Result<(), AttachError> {
     run.run("ip", &["netns", "del", &attached.netns], None).map(|_| ())

@@ -21,6 +21,9 @@ pub const TABLE: &str = "sandgate";
 /// What the ruleset needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttachConfig {
+    /// The table's name: [`TABLE`] for a gateway that serves many sandboxes from one ruleset,
+    /// or `sandgate-<id>` for one sandbox's own table (removed with it).
+    pub table: String,
     /// The proxy's transparent listener port on the gateway.
     pub transparent_port: u16,
     /// Sandgate's DNS port on the gateway.
@@ -50,9 +53,10 @@ impl AttachConfig {
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(2048);
         // `add` then `delete` makes the delete succeed whether or not the table exists.
-        let _ = writeln!(s, "add table inet {TABLE}");
-        let _ = writeln!(s, "delete table inet {TABLE}");
-        let _ = writeln!(s, "table inet {TABLE} {{");
+        let table = &self.table;
+        let _ = writeln!(s, "add table inet {table}");
+        let _ = writeln!(s, "delete table inet {table}");
+        let _ = writeln!(s, "table inet {table} {{");
         let ifs: Vec<String> = self.links.iter().map(|l| format!("\"{}\"", l.gateway_if)).collect();
         let pairs: Vec<String> =
             self.links.iter().map(|l| format!("\"{}\" . {}", l.gateway_if, l.sandbox_addr)).collect();
@@ -117,6 +121,7 @@ mod tests {
     #[test]
     fn ruleset_matches_the_golden_file() {
         let config = AttachConfig {
+            table: TABLE.to_owned(),
             transparent_port: 4751,
             dns_port: 4753,
             explicit_port: Some(4750),

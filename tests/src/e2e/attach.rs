@@ -108,6 +108,7 @@ async fn an_attached_sandbox_reaches_only_the_proxy() {
     attach::attach(&mut System, Some(&lab.gw), a, &format!("sgs{tag}a"), &la).unwrap();
     attach::attach(&mut System, Some(&lab.gw), b, &format!("sgs{tag}b"), &lb).unwrap();
     let config = AttachConfig {
+        table: sandgate_sidecar::rules::TABLE.to_owned(),
         transparent_port: TRANSPARENT,
         dns_port: DNS,
         explicit_port: Some(EXPLICIT),

@@ -9,6 +9,7 @@ mod git_http;
 mod intercept;
 mod limits;
 mod reload;
+mod run;
 mod tls_checks;
 mod transparent;
 

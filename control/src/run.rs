@@ -1,0 +1,254 @@
+//! `sandgate run -- CMD`: the local provider's first slice. It makes a sandbox that can reach
+//! only what the policy allows, runs CMD in it with stdio passed through, returns CMD's exit
+//! status and removes everything it made.
+//!
+//! The process running `sandgate run` is the gateway: the sandbox's network namespace is
+//! attached to it by a veth, the proxy (explicit, transparent and DNS listeners) runs in it on
+//! the gateway address, and the rules that make the proxy the only way out are loaded in it, in
+//! a table of the sandbox's own. CMD runs under bubblewrap inside the sandbox's namespace with
+//! its own PID, IPC and UTS namespaces, every capability dropped, the host filesystem read-only,
+//! a private /tmp and a writable workspace at /workspace.
+//!
+//! Not yet here (issue 4 continues): resource limits (cgroups), lifetime, the workspace disk
+//! quota, state in SQLite, pause/resume and the reaper that cleans up after a SIGKILL.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sandgate_policy::CompiledPolicy;
+use sandgate_proxy::{Limits, ProxyConfig};
+use sandgate_sidecar::{AttachConfig, SandboxLink, System, attach};
+
+/// The /16 that sandbox links are carved from, one /30 per sandbox.
+const LINK_NET: [u8; 2] = [10, 214];
+/// Exit status when the sandbox cannot be made (EX_OSERR).
+const EXIT_SANDBOX: u8 = 71;
+
+/// What to run and how.
+#[derive(Debug)]
+pub(crate) struct RunSpec {
+    pub(crate) policy: CompiledPolicy,
+    pub(crate) policy_path: Option<PathBuf>,
+    pub(crate) workspace: Option<PathBuf>,
+    pub(crate) command: Vec<String>,
+}
+
+/// Everything made for one sandbox, removed in reverse order.
+struct Made {
+    id: String,
+    netns: Option<String>,
+    table: Option<String>,
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        if let Some(t) = self.table.take()
+            && let Err(e) = attach::remove_table(&mut System, None, &t)
+        {
+            tracing::warn!(sandbox = %self.id, "removing table {t}: {e}");
+        }
+        if let Some(ns) = self.netns.take()
+            && let Err(e) = System.run_ip_netns_del(&ns)
+        {
+            tracing::warn!(sandbox = %self.id, "removing namespace {ns}: {e}");
+        }
+    }
+}
+
+trait NetnsDel {
+    fn run_ip_netns_del(&mut self, ns: &str) -> Result<(), sandgate_sidecar::AttachError>;
+}
+
+impl NetnsDel for System {
+    fn run_ip_netns_del(&mut self, ns: &str) -> Result<(), sandgate_sidecar::AttachError> {
+        use sandgate_sidecar::Run;
+        self.run("ip", &["netns", "del", ns], None).map(|_| ())
+    }
+}
+
+/// Runs the command in a new sandbox and returns its exit status.
+pub(crate) fn run(spec: RunSpec) -> ExitCode {
+    if let Err(why) = preflight() {
+        eprintln!("sandgate run: {why}");
+        return ExitCode::from(EXIT_SANDBOX);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandgate run: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_SANDBOX);
+        }
+    };
+    match runtime.block_on(run_inner(spec)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("sandgate run: {e}");
+            ExitCode::from(EXIT_SANDBOX)
+        }
+    }
+}
+
+fn preflight() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("needs root: it creates a network namespace and nftables rules".into());
+    }
+    for (tool, pkg) in [("ip", "iproute2"), ("nft", "nftables"), ("bwrap", "bubblewrap")] {
+        let found = std::process::Command::new(tool).arg("--version").output().is_ok();
+        if !found {
+            return Err(format!("`{tool}` is missing; install it with `apt-get install {pkg}` (or run scripts/setup)"));
+        }
+    }
+    Ok(())
+}
+
+async fn run_inner(spec: RunSpec) -> Result<u8, String> {
+    let mut raw = [0u8; 4];
+    rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty()).map_err(|e| format!("random id: {e}"))?;
+    let id = format!("{:06x}", u32::from_be_bytes(raw) & 0xff_ffff);
+    // A /30 inside 10.214.0.0/16 chosen by the id: .1 the gateway, .2 the sandbox.
+    let slot = u32::from_be_bytes(raw) >> 18; // 14 bits: 16,384 links
+    let base = u32::from_be_bytes([LINK_NET[0], LINK_NET[1], 0, 0]) | (slot << 2);
+    let link = SandboxLink {
+        gateway_if: format!("sgg{id}"),
+        gateway_addr: Ipv4Addr::from(base | 1),
+        sandbox_addr: Ipv4Addr::from(base | 2),
+    };
+    let mut made = Made { id: id.clone(), netns: None, table: None };
+    let netns = format!("sandgate-{id}");
+    // Recorded first: a failure half-way through attaching still removes the namespace.
+    made.netns = Some(netns.clone());
+    attach::attach(&mut System, None, &netns, &format!("sgs{id}"), &link).map_err(|e| e.to_string())?;
+    tracing::info!(sandbox = %id, netns = %netns, gateway = %link.gateway_addr, "sandbox network attached");
+
+    // The proxy listens on the gateway address, on ports the kernel picks.
+    let gw = std::net::IpAddr::V4(link.gateway_addr);
+    let config = ProxyConfig {
+        explicit: Some(SocketAddr::new(gw, 0)),
+        transparent: Some(SocketAddr::new(gw, 0)),
+        dns: Some(SocketAddr::new(gw, 0)),
+        admin: None,
+        policy_path: spec.policy_path.clone(),
+        workers: 1,
+        limits: Limits::default(),
+        ..ProxyConfig::default()
+    };
+    let running = sandgate_proxy::start(config, spec.policy).await.map_err(|e| e.to_string())?;
+    let (Some(explicit), Some(transparent), Some(dns)) = (running.explicit, running.transparent, running.dns) else {
+        return Err("the proxy did not open its listeners".into());
+    };
+    let table = format!("sandgate-{id}");
+    let rules = AttachConfig {
+        table: table.clone(),
+        transparent_port: transparent.port(),
+        dns_port: dns.port(),
+        explicit_port: Some(explicit.port()),
+        links: vec![link.clone()],
+    };
+    attach::apply_rules(&mut System, None, &rules).map_err(|e| e.to_string())?;
+    made.table = Some(table);
+
+    startup_check(&netns, explicit).await?;
+    let workspace = match spec.workspace {
+        Some(w) => w,
+        None => {
+            let w = std::env::temp_dir().join(format!("sandgate-workspace-{id}"));
+            std::fs::create_dir_all(&w).map_err(|e| format!("workspace {}: {e}", w.display()))?;
+            w
+        }
+    };
+    let proxy_url = format!("http://{explicit}");
+    let mut cmd = tokio::process::Command::new("ip");
+    cmd.args(["netns", "exec", &netns, "bwrap"]).args(bwrap_args(&workspace, &id)?).arg("--").args(&spec.command);
+    for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        cmd.env(var, &proxy_url);
+    }
+    cmd.env_remove("NO_PROXY").env_remove("no_proxy").env_remove("ALL_PROXY").env_remove("all_proxy");
+    tracing::info!(sandbox = %id, workspace = %workspace.display(), "running {:?}", spec.command);
+    let status = cmd.status().await.map_err(|e| format!("cannot start bwrap: {e}"))?;
+    let code = status.code().map_or(128 + 9, |c| u8::try_from(c).unwrap_or(1));
+    let left = running.drain().await;
+    drop(made);
+    tracing::info!(sandbox = %id, status = code, open_connections = left, "sandbox removed");
+    Ok(code)
+}
+
+/// Proves the rules are in force before CMD runs: from inside the sandbox, the proxy answers on
+/// the gateway, and a direct connection to an outside address is taken by the proxy (which
+/// refuses it) instead of going anywhere.
+async fn startup_check(netns: &str, explicit: SocketAddr) -> Result<(), String> {
+    let ns = PathBuf::from("/var/run/netns").join(netns);
+    tokio::task::spawn_blocking(move || -> Result<(), String> {
+        let f = std::fs::File::open(&ns).map_err(|e| format!("{}: {e}", ns.display()))?;
+        rustix::thread::move_into_link_name_space(f.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))
+            .map_err(|e| format!("entering the sandbox's namespace: {e}"))?;
+        std::net::TcpStream::connect_timeout(&explicit, Duration::from_secs(2)).map_err(|e| {
+            format!("start-up check: the proxy does not answer on {explicit} from inside the sandbox: {e}")
+        })?;
+        use std::io::{Read, Write};
+        // 198.18.0.0/15 is reserved for benchmarks and never routed: only the redirect can answer.
+        let outside: SocketAddr = "198.18.0.1:9".parse().map_err(|_| "address".to_owned())?;
+        let mut s = std::net::TcpStream::connect_timeout(&outside, Duration::from_secs(2)).map_err(|e| {
+            format!(
+                "start-up check: a direct connection was not redirected to the proxy ({e}); the rules are not in force"
+            )
+        })?;
+        let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
+        let _ = s.write_all(b"sandgate start-up check\n");
+        let mut buf = [0u8; 16];
+        match s.read(&mut buf) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err("start-up check: a direct connection got an answer; the rules are not in force".into()),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
+            Err(e) => Err(format!("start-up check: the proxy did not refuse a direct connection ({e})")),
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// bubblewrap's arguments: the host's top-level directories read-only (symlinks kept, so a
+/// merged /usr works), fresh /dev, /proc and /tmp, the workspace writable at /workspace, new
+/// PID, IPC and UTS namespaces, every capability dropped, its own session.
+fn bwrap_args(workspace: &Path, id: &str) -> Result<Vec<String>, String> {
+    let mut args: Vec<String> = Vec::new();
+    let skip = ["proc", "dev", "sys", "tmp", "run", "workspace", "lost+found"];
+    let entries = std::fs::read_dir("/").map_err(|e| format!("listing /: {e}"))?;
+    let mut names: Vec<_> = entries.filter_map(Result::ok).collect();
+    names.sort_by_key(std::fs::DirEntry::file_name);
+    for e in names {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if skip.contains(&name.as_str()) {
+            continue;
+        }
+        let path = format!("/{name}");
+        match std::fs::read_link(&path) {
+            Ok(target) => args.extend(["--symlink".into(), target.to_string_lossy().into_owned(), path]),
+            Err(_) if e.path().is_dir() => args.extend(["--ro-bind".into(), path.clone(), path]),
+            Err(_) => {}
+        }
+    }
+    args.extend(
+        ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run", "--ro-bind-try", "/sys", "/sys"]
+            .map(String::from),
+    );
+    args.extend(["--bind".into(), workspace.to_string_lossy().into_owned(), "/workspace".into()]);
+    args.extend(
+        [
+            "--chdir",
+            "/workspace",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+        ]
+        .map(String::from),
+    );
+    args.extend(["--hostname".into(), format!("sandgate-{id}")]);
+    Ok(args)
+}

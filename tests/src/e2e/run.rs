@@ -1,0 +1,91 @@
+//! `sandgate run` for real (root): a command in a sandbox attached to the proxy. The process
+//! running `sandgate run` is the gateway, so the test starts it inside a namespace of its own.
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::loopback_policy;
+use crate::support::netns::{in_ns, privileged, run};
+use crate::support::origin;
+use crate::support::proxy::sandgate_bin;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandgate_run_reaches_only_what_the_policy_allows() {
+    if !privileged("sandgate_run_reaches_only_what_the_policy_allows") {
+        return;
+    }
+    static N: AtomicU32 = AtomicU32::new(0);
+    let gw = format!("sg-run-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+    run(&["ip", "netns", "add", &gw]);
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(gw.clone());
+    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let listener = in_ns(&gw, || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        l
+    });
+    let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
+    let port = o.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, loopback_policy(&[port])).unwrap();
+    let workspace = dir.path().join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let sandgate_run = |script: &str| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &gw])
+            .arg(sandgate_bin())
+            .arg("run")
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--workspace")
+            .arg(&workspace)
+            .args(["--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // With the proxy variables the sandbox is given, and without them (redirected).
+    let (code, out, err) = sandgate_run(&format!(
+        "curl -s http://origin.test:{port}/env && curl -s --noproxy '*' --resolve origin.test:{port}:198.18.0.10 http://origin.test:{port}/direct"
+    ));
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("origin plain GET /env") && out.contains("origin plain GET /direct"), "{out}{err}");
+    assert!(
+        err.contains("\"listener\":\"explicit\"") && err.contains("\"listener\":\"transparent\""),
+        "connection log on stderr: {err}"
+    );
+
+    // A denied host is refused with a reason the agent can read; the exit status is CMD's.
+    let (code, out, _) =
+        sandgate_run("curl -s --noproxy '*' --resolve evil.test:80:198.18.0.10 http://evil.test/; exit 7");
+    assert_eq!(code, Some(7));
+    assert!(out.contains("sandgate: denied evil.test:80 (no rule allows this host"), "{out}");
+
+    // Isolation: no capabilities, the host read-only, the workspace writable and kept.
+    let (code, out, err) = sandgate_run(
+        "grep CapEff /proc/self/status; touch /usr/sandgate-x || echo read-only; echo kept > /workspace/f",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("CapEff:\t0000000000000000") && out.contains("read-only"), "{out}");
+    assert_eq!(std::fs::read_to_string(workspace.join("f")).unwrap(), "kept\n");
+
+    // Nothing is left behind: no sandbox namespace, no table on the gateway.
+    let namespaces =
+        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+    assert!(!namespaces.lines().any(|l| l.starts_with("sandgate-")), "{namespaces}");
+    let tables = run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]);
+    assert!(!tables.contains("sandgate"), "{tables}");
+}
