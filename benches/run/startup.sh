@@ -27,7 +27,7 @@ measure() { # label, command... (the command prints its start time on fd 3)
   printf '%-16s teardown: %s\n' "" "$(stats < /tmp/sg-stop.$$)"
 }
 first='date +%s%N >&3'
-measure "sandgate run" ip netns exec "$gw" "$sg" run -- sh -c "$first"
+measure "sandgate run" nsenter --net="/var/run/netns/$gw" "$sg" run -- sh -c "$first"
 measure "bwrap alone" bwrap --ro-bind / / --dev /dev --proc /proc --unshare-pid --unshare-ipc --unshare-uts --unshare-net --die-with-parent -- sh -c "$first"
 measure "unshare alone" unshare --net --pid --ipc --uts --fork -- sh -c "$first"
 rm -f /tmp/sg-start.$$ /tmp/sg-stop.$$

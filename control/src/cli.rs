@@ -133,6 +133,18 @@ pub(crate) struct RunArgs {
     /// Directory mounted writable at /workspace (default: a new one under the temp dir).
     #[arg(long, value_name = "DIR")]
     pub(crate) workspace: Option<PathBuf>,
+    /// CPUs the sandbox may use (a CFS quota; fractions allowed).
+    #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_CPUS)]
+    pub(crate) cpus: f64,
+    /// Memory limit, without swap (e.g. 2048M, 2G).
+    #[arg(long, value_name = "SIZE", default_value = "2048M", value_parser = crate::limits::parse_size)]
+    pub(crate) memory: u64,
+    /// Most processes and threads the sandbox may have at once.
+    #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_PIDS)]
+    pub(crate) pids: u64,
+    /// Lifetime, at most 6h; past it the sandbox is stopped and the reason printed.
+    #[arg(long, value_name = "DURATION", default_value = "6h", value_parser = parse_lifetime)]
+    pub(crate) lifetime: Duration,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,
@@ -245,6 +257,17 @@ pub(crate) enum PolicyCommand {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 10s, 5m)"))
+}
+
+fn parse_lifetime(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > crate::limits::MAX_LIFETIME {
+        return Err("a sandbox lives 6h at most".into());
+    }
+    if d.is_zero() {
+        return Err("a lifetime must be longer than zero".into());
+    }
+    Ok(d)
 }
 
 fn parse_relay(s: &str) -> Result<(SocketAddr, u16), String> {

@@ -4,6 +4,7 @@
 #![expect(clippy::print_stdout, reason = "printing results is what a command line does")]
 
 mod cli;
+mod limits;
 mod run;
 
 use std::io::{IsTerminal, Write};
@@ -49,6 +50,12 @@ fn main() -> ExitCode {
                 policy,
                 policy_path: args.policy,
                 workspace: args.workspace,
+                limits: limits::Limits {
+                    cpus: args.cpus,
+                    memory: args.memory,
+                    pids: args.pids,
+                    lifetime: args.lifetime,
+                },
                 command: args.command,
             }),
             Err(e) => {

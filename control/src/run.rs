@@ -9,8 +9,12 @@
 //! its own PID, IPC and UTS namespaces, every capability dropped, the host filesystem read-only,
 //! a private /tmp and a writable workspace at /workspace.
 //!
-//! Not yet here (issue 4 continues): resource limits (cgroups), lifetime, the workspace disk
-//! quota, state in SQLite, pause/resume and the reaper that cleans up after a SIGKILL.
+//! Limits: CPUs, memory without swap and pids through cgroups (v2 or v1), and a lifetime past
+//! which the sandbox is stopped; what a limit did (an OOM kill, refused forks, expiry) is
+//! reported when CMD ends.
+//!
+//! Not yet here (issue 4 continues): the workspace disk quota, state in SQLite, pause/resume and
+//! the reaper that cleans up after a SIGKILL.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
@@ -19,8 +23,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use sandgate_policy::CompiledPolicy;
-use sandgate_proxy::{Limits, ProxyConfig};
+use sandgate_proxy::ProxyConfig;
 use sandgate_sidecar::{AttachConfig, SandboxLink, System, attach};
+
+use crate::limits::{Cgroups, Limits};
 
 /// The /16 that sandbox links are carved from, one /30 per sandbox.
 const LINK_NET: [u8; 2] = [10, 214];
@@ -33,6 +39,7 @@ pub(crate) struct RunSpec {
     pub(crate) policy: CompiledPolicy,
     pub(crate) policy_path: Option<PathBuf>,
     pub(crate) workspace: Option<PathBuf>,
+    pub(crate) limits: Limits,
     pub(crate) command: Vec<String>,
 }
 
@@ -41,10 +48,15 @@ struct Made {
     id: String,
     netns: Option<String>,
     table: Option<String>,
+    cgroups: Option<Cgroups>,
 }
 
 impl Drop for Made {
     fn drop(&mut self) {
+        if let Some(c) = self.cgroups.take() {
+            c.kill_all();
+            c.remove();
+        }
         if let Some(t) = self.table.take()
             && let Err(e) = attach::remove_table(&mut System, None, &t)
         {
@@ -116,7 +128,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         gateway_addr: Ipv4Addr::from(base | 1),
         sandbox_addr: Ipv4Addr::from(base | 2),
     };
-    let mut made = Made { id: id.clone(), netns: None, table: None };
+    let mut made = Made { id: id.clone(), netns: None, table: None, cgroups: None };
     let netns = format!("sandgate-{id}");
     // Recorded first: a failure half-way through attaching still removes the namespace.
     made.netns = Some(netns.clone());
@@ -132,7 +144,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         admin: None,
         policy_path: spec.policy_path.clone(),
         workers: 1,
-        limits: Limits::default(),
+        limits: sandgate_proxy::Limits::default(),
         ..ProxyConfig::default()
     };
     let running = sandgate_proxy::start(config, spec.policy).await.map_err(|e| e.to_string())?;
@@ -159,16 +171,62 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
             w
         }
     };
+    let cgroups = Cgroups::create(&id, &spec.limits)?;
+    let procs: Vec<String> = cgroups.procs_files().iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    made.cgroups = Some(cgroups);
     let proxy_url = format!("http://{explicit}");
-    let mut cmd = tokio::process::Command::new("ip");
-    cmd.args(["netns", "exec", &netns, "bwrap"]).args(bwrap_args(&workspace, &id)?).arg("--").args(&spec.command);
+    // A small shell enters the cgroups itself before exec-ing the sandbox, so nothing the
+    // sandbox starts can run outside its limits (no window between spawn and move).
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        r#"for f in $SANDGATE_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@""#,
+        "sandgate-enter",
+    ])
+    .env("SANDGATE_CGROUP_PROCS", procs.join(" "))
+    .args(["ip", "netns", "exec", &netns, "bwrap"])
+    .args(bwrap_args(&workspace, &id)?)
+    .arg("--")
+    .args(&spec.command);
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         cmd.env(var, &proxy_url);
     }
     cmd.env_remove("NO_PROXY").env_remove("no_proxy").env_remove("ALL_PROXY").env_remove("all_proxy");
     tracing::info!(sandbox = %id, workspace = %workspace.display(), "running {:?}", spec.command);
-    let status = cmd.status().await.map_err(|e| format!("cannot start bwrap: {e}"))?;
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    let lifetime = spec.limits.lifetime;
+    let (status, expired) = tokio::select! {
+        s = child.wait() => (s, false),
+        () = tokio::time::sleep(lifetime) => {
+            if let Some(c) = &made.cgroups {
+                c.kill_all();
+            }
+            let _ = child.start_kill();
+            (child.wait().await, true)
+        }
+    };
+    let status = status.map_err(|e| format!("waiting for the sandbox: {e}"))?;
     let code = status.code().map_or(128 + 9, |c| u8::try_from(c).unwrap_or(1));
+    let outcome = made.cgroups.as_ref().map(Cgroups::outcome).unwrap_or_default();
+    // Why the sandbox stopped, when a limit stopped it.
+    if expired {
+        eprintln!(
+            "sandgate run: sandbox {id} stopped: its lifetime of {} expired",
+            humantime::format_duration(lifetime)
+        );
+        tracing::warn!(sandbox = %id, cause = "lifetime_expired", "sandbox stopped");
+    }
+    if outcome.oom_killed {
+        eprintln!(
+            "sandgate run: sandbox {id}: a process was killed for exceeding the memory limit ({} MiB)",
+            spec.limits.memory >> 20
+        );
+        tracing::warn!(sandbox = %id, cause = "oom_killed", "memory limit reached");
+    }
+    if outcome.pids_limited {
+        eprintln!("sandgate run: sandbox {id}: reached its pids limit ({}); forks were refused", spec.limits.pids);
+        tracing::warn!(sandbox = %id, cause = "pids_limit", "pids limit reached");
+    }
     let left = running.drain().await;
     drop(made);
     tracing::info!(sandbox = %id, status = code, open_connections = left, "sandbox removed");

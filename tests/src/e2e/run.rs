@@ -38,15 +38,17 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
     std::fs::write(&policy, loopback_policy(&[port])).unwrap();
     let workspace = dir.path().join("ws");
     std::fs::create_dir(&workspace).unwrap();
-    let sandgate_run = |script: &str| {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &gw])
+    // nsenter rather than `ip netns exec`, which mounts a fresh /sys and hides the cgroups.
+    let sandgate_run_with = |limits: &[&str], script: &str| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{gw}"))
             .arg(sandgate_bin())
             .arg("run")
             .arg("--policy")
             .arg(&policy)
             .arg("--workspace")
             .arg(&workspace)
+            .args(limits)
             .args(["--", "sh", "-c", script])
             .output()
             .unwrap();
@@ -56,6 +58,7 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    let sandgate_run = |script: &str| sandgate_run_with(&[], script);
 
     // With the proxy variables the sandbox is given, and without them (redirected).
     let (code, out, err) = sandgate_run(&format!(
@@ -82,7 +85,29 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
     assert!(out.contains("CapEff:\t0000000000000000") && out.contains("read-only"), "{out}");
     assert_eq!(std::fs::read_to_string(workspace.join("f")).unwrap(), "kept\n");
 
-    // Nothing is left behind: no sandbox namespace, no table on the gateway.
+    // Limits: a memory hog is OOM-killed, a fork bomb stops at the pids limit, an expired
+    // sandbox is stopped; each is reported with its cause.
+    let (code, _, err) = sandgate_run_with(&["--memory", "64M"], "dd if=/dev/zero of=/dev/null bs=200M count=1");
+    assert_eq!(code, Some(137), "{err}");
+    assert!(err.contains("killed for exceeding the memory limit (64 MiB)"), "{err}");
+    let (_, out, err) =
+        sandgate_run_with(&["--pids", "16"], "for i in $(seq 40); do sleep 2 & done 2>/dev/null; echo spawned; wait");
+    assert!(err.contains("reached its pids limit (16)"), "{out}{err}");
+    let started = std::time::Instant::now();
+    let (code, _, err) = sandgate_run_with(&["--lifetime", "1s"], "sleep 30");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "not stopped at its lifetime");
+    assert_eq!(code, Some(137));
+    assert!(err.contains("its lifetime of 1s expired"), "{err}");
+    let (_, _, err) = sandgate_run_with(&["--lifetime", "7h"], "true");
+    assert!(err.contains("6h at most"), "{err}");
+
+    // Nothing is left behind: no sandbox namespace, no table on the gateway, no cgroup.
+    for controller in ["pids", "cpu"] {
+        let entries: Vec<String> = std::fs::read_dir(format!("/sys/fs/cgroup/{controller}"))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        assert!(!entries.iter().any(|e| e.starts_with("sandgate-")), "{controller}: {entries:?}");
+    }
     let namespaces =
         String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
     assert!(!namespaces.lines().any(|l| l.starts_with("sandgate-")), "{namespaces}");
