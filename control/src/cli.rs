@@ -39,6 +39,10 @@ pub(crate) enum Command {
     /// /workspace, all capabilities dropped). Stdio is passed through; the exit status is CMD's.
     /// Needs root, iproute2, nftables and bubblewrap.
     Run(RunArgs),
+    /// Remove sandboxes past their lifetime and everything orphaned by a crashed owner.
+    ///
+    /// `sandgate run` does this at every start; run it from a timer to do it periodically.
+    Reap(ReapArgs),
     /// Run the egress proxy.
     ///
     /// Without --policy it enforces the embedded default: github.com, gitlab.com,
@@ -126,7 +130,17 @@ pub(crate) enum SecretCommand {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct ReapArgs {
+    /// The state directory (SQLite database).
+    #[arg(long, value_name = "DIR", default_value_os_t = crate::state::default_dir(), env = "SANDGATE_STATE")]
+    pub(crate) state: PathBuf,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct RunArgs {
+    /// The state directory (SQLite database of sandboxes).
+    #[arg(long, value_name = "DIR", default_value_os_t = crate::state::default_dir(), env = "SANDGATE_STATE")]
+    pub(crate) state: PathBuf,
     /// Policy file; without it, the embedded default allowlist.
     #[arg(long, value_name = "FILE", env = "SANDGATE_POLICY")]
     pub(crate) policy: Option<PathBuf>,

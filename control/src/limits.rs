@@ -188,6 +188,47 @@ impl Cgroups {
     }
 }
 
+/// Every group directory named `sandgate-<id>` under this process's own groups (v2 and the v1
+/// memory, cpu and pids hierarchies), for the reaper; `(id, directory)` pairs.
+pub(crate) fn existing_groups() -> Vec<(String, PathBuf)> {
+    let root = Path::new("/sys/fs/cgroup");
+    let mut parents = vec![root.join(own_path("").unwrap_or_default().trim_start_matches('/'))];
+    for c in ["memory", "cpu", "pids"] {
+        parents.push(root.join(c).join(own_path(c).unwrap_or_default().trim_start_matches('/')));
+    }
+    let mut found = Vec::new();
+    for parent in parents {
+        let Ok(entries) = std::fs::read_dir(&parent) else { continue };
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_prefix("sandgate-")
+                && e.path().is_dir()
+            {
+                found.push((id.to_owned(), e.path()));
+            }
+        }
+    }
+    found
+}
+
+/// Kills every process in a group directory and removes it.
+pub(crate) fn destroy_group(dir: &Path) {
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    for _ in 0..50 {
+        let pids = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Parses `2048M`, `2G`, `512K` or plain bytes.
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();

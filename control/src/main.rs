@@ -5,7 +5,9 @@
 
 mod cli;
 mod limits;
+mod reaper;
 mod run;
+mod state;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
                 policy,
                 policy_path: args.policy,
                 workspace: args.workspace,
+                state_dir: args.state.clone(),
                 limits: limits::Limits {
                     cpus: args.cpus,
                     memory: args.memory,
@@ -91,6 +94,18 @@ fn main() -> ExitCode {
             }
         }
         Command::Secret(args) => secret(args),
+        Command::Reap(args) => match state::State::open(&args.state) {
+            Ok(s) => {
+                for line in reaper::reap(&s) {
+                    println!("removed {line}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sandgate reap: {e}");
+                ExitCode::from(EXIT_VAULT)
+            }
+        },
         Command::Ca(args) => ca(args),
         Command::Policy(PolicyCommand::Default) => {
             print!("{}", sandgate_policy::DEFAULT_POLICY_YAML);

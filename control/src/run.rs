@@ -13,8 +13,11 @@
 //! which the sandbox is stopped; what a limit did (an OOM kill, refused forks, expiry) is
 //! reported when CMD ends.
 //!
-//! Not yet here (issue 4 continues): the workspace disk quota, state in SQLite, pause/resume and
-//! the reaper that cleans up after a SIGKILL.
+//! State: each sandbox is a row in SQLite, written (intent) before anything is made and ended
+//! with its cause; the reaper runs first and removes what crashed owners left.
+//!
+//! Not yet here (issue 4 continues): the workspace disk quota, pause/resume, `sandbox
+//! create/ls/exec/rm`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
@@ -27,6 +30,8 @@ use sandgate_proxy::ProxyConfig;
 use sandgate_sidecar::{AttachConfig, SandboxLink, System, attach};
 
 use crate::limits::{Cgroups, Limits};
+use crate::reaper;
+use crate::state::State;
 
 /// The /16 that sandbox links are carved from, one /30 per sandbox.
 const LINK_NET: [u8; 2] = [10, 214];
@@ -39,6 +44,7 @@ pub(crate) struct RunSpec {
     pub(crate) policy: CompiledPolicy,
     pub(crate) policy_path: Option<PathBuf>,
     pub(crate) workspace: Option<PathBuf>,
+    pub(crate) state_dir: PathBuf,
     pub(crate) limits: Limits,
     pub(crate) command: Vec<String>,
 }
@@ -128,8 +134,20 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         gateway_addr: Ipv4Addr::from(base | 1),
         sandbox_addr: Ipv4Addr::from(base | 2),
     };
-    let mut made = Made { id: id.clone(), netns: None, table: None, cgroups: None };
+    // The reaper runs first, then the intent is written before anything is made.
+    let state = State::open(&spec.state_dir)?;
+    for line in reaper::reap(&state) {
+        eprintln!("sandgate run: reaper removed {line}");
+    }
+    let workspace = match spec.workspace.clone() {
+        Some(w) => w,
+        None => std::env::temp_dir().join(format!("sandgate-workspace-{id}")),
+    };
     let netns = format!("sandgate-{id}");
+    let table = format!("sandgate-{id}");
+    let l = &spec.limits;
+    state.intend(&id, l.lifetime, l.cpus, l.memory, l.pids, &netns, &table, &workspace)?;
+    let mut made = Made { id: id.clone(), netns: None, table: None, cgroups: None };
     // Recorded first: a failure half-way through attaching still removes the namespace.
     made.netns = Some(netns.clone());
     attach::attach(&mut System, None, &netns, &format!("sgs{id}"), &link).map_err(|e| e.to_string())?;
@@ -151,7 +169,6 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     let (Some(explicit), Some(transparent), Some(dns)) = (running.explicit, running.transparent, running.dns) else {
         return Err("the proxy did not open its listeners".into());
     };
-    let table = format!("sandgate-{id}");
     let rules = AttachConfig {
         table: table.clone(),
         transparent_port: transparent.port(),
@@ -163,14 +180,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     made.table = Some(table);
 
     startup_check(&netns, explicit).await?;
-    let workspace = match spec.workspace {
-        Some(w) => w,
-        None => {
-            let w = std::env::temp_dir().join(format!("sandgate-workspace-{id}"));
-            std::fs::create_dir_all(&w).map_err(|e| format!("workspace {}: {e}", w.display()))?;
-            w
-        }
-    };
+    std::fs::create_dir_all(&workspace).map_err(|e| format!("workspace {}: {e}", workspace.display()))?;
     let cgroups = Cgroups::create(&id, &spec.limits)?;
     let procs: Vec<String> = cgroups.procs_files().iter().map(|p| p.to_string_lossy().into_owned()).collect();
     made.cgroups = Some(cgroups);
@@ -194,6 +204,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     cmd.env_remove("NO_PROXY").env_remove("no_proxy").env_remove("ALL_PROXY").env_remove("all_proxy");
     tracing::info!(sandbox = %id, workspace = %workspace.display(), "running {:?}", spec.command);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    state.set_state(&id, "running")?;
     let lifetime = spec.limits.lifetime;
     let (status, expired) = tokio::select! {
         s = child.wait() => (s, false),
@@ -227,8 +238,18 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         eprintln!("sandgate run: sandbox {id}: reached its pids limit ({}); forks were refused", spec.limits.pids);
         tracing::warn!(sandbox = %id, cause = "pids_limit", "pids limit reached");
     }
+    let cause = if expired {
+        "lifetime_expired"
+    } else if outcome.oom_killed {
+        "oom_killed"
+    } else if outcome.pids_limited {
+        "pids_limit"
+    } else {
+        "exited"
+    };
     let left = running.drain().await;
     drop(made);
+    state.end(&id, "stopped", cause, status.code())?;
     tracing::info!(sandbox = %id, status = code, open_connections = left, "sandbox removed");
     Ok(code)
 }

@@ -10,11 +10,23 @@ use crate::support::netns::{in_ns, privileged, run};
 use crate::support::origin;
 use crate::support::proxy::sandgate_bin;
 
+/// The state directory every `sandgate run` test shares, and a lock that runs them one at a
+/// time: the reaper treats a `sandgate-*` resource that no live sandbox of *its* database owns as
+/// an orphan, so two tests with separate databases would reap each other's sandboxes.
+fn exclusive_state() -> (std::fs::File, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join("sandgate-run-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = std::fs::File::create(dir.join("lock")).unwrap();
+    lock.lock().unwrap();
+    (lock, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandgate_run_reaches_only_what_the_policy_allows() {
     if !privileged("sandgate_run_reaches_only_what_the_policy_allows") {
         return;
     }
+    let (_lock, state) = exclusive_state();
     static N: AtomicU32 = AtomicU32::new(0);
     let gw = format!("sg-run-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
     run(&["ip", "netns", "add", &gw]);
@@ -48,6 +60,8 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
             .arg(&policy)
             .arg("--workspace")
             .arg(&workspace)
+            .arg("--state")
+            .arg(&state)
             .args(limits)
             .args(["--", "sh", "-c", script])
             .output()
@@ -113,4 +127,77 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
     assert!(!namespaces.lines().any(|l| l.starts_with("sandgate-")), "{namespaces}");
     let tables = run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]);
     assert!(!tables.contains("sandgate"), "{tables}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_removes_what_a_killed_owner_left() {
+    if !privileged("the_reaper_removes_what_a_killed_owner_left") {
+        return;
+    }
+    let (_lock, state) = exclusive_state();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let gw = format!("sg-reap-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+    run(&["ip", "netns", "add", &gw]);
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(gw.clone());
+    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let sandgate = |args: &[&str]| {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/var/run/netns/{gw}"))
+            .arg(sandgate_bin())
+            .arg(args[0])
+            .arg("--state")
+            .arg(&state)
+            .args(&args[1..]);
+        c
+    };
+    let workspace = tempfile::tempdir().unwrap();
+    let mut owner = sandgate(&["run", "--workspace", workspace.path().to_str().unwrap(), "--"])
+        .args(["sleep", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+
+    // Wait until the sandbox exists, then kill its owner the hard way.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let netns = loop {
+        let list =
+            String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+        if let Some(ns) = list.lines().filter_map(|l| l.split_whitespace().next()).find(|n| n.starts_with("sandgate-"))
+        {
+            break ns.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "the sandbox never appeared");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let id = netns.trim_start_matches("sandgate-").to_owned();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let tables = run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]);
+    assert!(tables.contains(&format!("sandgate-{id}")), "the crash left its table: {tables}");
+    let groups = |id: &str| {
+        ["pids", "cpu"].iter().any(|c| std::path::Path::new(&format!("/sys/fs/cgroup/{c}/sandgate-{id}")).exists())
+    };
+    assert!(groups(&id), "the crash left its cgroups");
+
+    // The next start (here `sandgate reap`) removes everything the owner left.
+    let out = sandgate(&["reap"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.contains(&format!("removed sandbox {id} (owner_died, was running)")), "{said}");
+    let list =
+        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+    assert!(!list.contains(&netns), "namespace left: {list}");
+    assert!(!run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]).contains("sandgate-"), "table left");
+    assert!(!groups(&id), "cgroups left");
+    // Idempotent: a second pass finds nothing.
+    let again = sandgate(&["reap"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&again.stdout), "");
 }
