@@ -144,9 +144,14 @@ pub(crate) struct RunArgs {
     /// Policy file; without it, the embedded default allowlist.
     #[arg(long, value_name = "FILE", env = "SANDGATE_POLICY")]
     pub(crate) policy: Option<PathBuf>,
-    /// Directory mounted writable at /workspace (default: a new one under the temp dir).
+    /// The workspace: a directory holding its disk image (`disk.img`), mounted writable at
+    /// /workspace. Give the same one again to resume the work (default: a new one).
     #[arg(long, value_name = "DIR")]
     pub(crate) workspace: Option<PathBuf>,
+    /// The workspace's size, enforced by its filesystem (writing past it fails with ENOSPC);
+    /// used when the image is first made.
+    #[arg(long, value_name = "SIZE", default_value = "10240M", value_parser = crate::limits::parse_size)]
+    pub(crate) disk: u64,
     /// CPUs the sandbox may use (a CFS quota; fractions allowed).
     #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_CPUS)]
     pub(crate) cpus: f64,

@@ -4,6 +4,7 @@
 #![expect(clippy::print_stdout, reason = "printing results is what a command line does")]
 
 mod cli;
+mod disk;
 mod limits;
 mod reaper;
 mod run;
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
                     pids: args.pids,
                     lifetime: args.lifetime,
                 },
+                disk: args.disk,
                 command: args.command,
             }),
             Err(e) => {
@@ -96,7 +98,7 @@ fn main() -> ExitCode {
         Command::Secret(args) => secret(args),
         Command::Reap(args) => match state::State::open(&args.state) {
             Ok(s) => {
-                for line in reaper::reap(&s) {
+                for line in reaper::reap(&s, &args.state) {
                     println!("removed {line}");
                 }
                 ExitCode::SUCCESS

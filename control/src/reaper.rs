@@ -11,8 +11,9 @@ use sandgate_sidecar::{Run, System, attach};
 use crate::limits;
 use crate::state::{State, now, process_start};
 
-/// Runs the reaper; returns one line per thing removed.
-pub(crate) fn reap(state: &State) -> Vec<String> {
+/// Runs the reaper; returns one line per thing removed. `state_dir` holds the workspace
+/// mounts.
+pub(crate) fn reap(state: &State, state_dir: &std::path::Path) -> Vec<String> {
     let mut removed = Vec::new();
     let mut keep = HashSet::new();
     match state.live() {
@@ -31,6 +32,7 @@ pub(crate) fn reap(state: &State) -> Vec<String> {
                     }
                 }
                 let _ = attach::remove_table(&mut System, None, &row.nft_table);
+                crate::disk::unmount_dir(&crate::disk::mountpoint(state_dir, &row.id));
                 let _ = System.run("ip", &["netns", "del", &row.netns], None);
                 if let Err(e) = state.end(&row.id, "reaped", cause, None) {
                     tracing::warn!(sandbox = %row.id, "reaper: {e}");
@@ -58,6 +60,18 @@ pub(crate) fn reap(state: &State) -> Vec<String> {
             {
                 tracing::info!(sandbox = %id, "reaper removed an orphaned network namespace");
                 removed.push(format!("netns {name}"));
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(state_dir.join("mnt")) {
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_prefix("sandgate-")
+                && !keep.contains(id)
+            {
+                crate::disk::unmount_dir(&e.path());
+                tracing::info!(sandbox = %id, "reaper unmounted an orphaned workspace");
+                removed.push(format!("workspace mount {name}"));
             }
         }
     }

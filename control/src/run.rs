@@ -46,6 +46,7 @@ pub(crate) struct RunSpec {
     pub(crate) workspace: Option<PathBuf>,
     pub(crate) state_dir: PathBuf,
     pub(crate) limits: Limits,
+    pub(crate) disk: u64,
     pub(crate) command: Vec<String>,
 }
 
@@ -55,6 +56,7 @@ struct Made {
     netns: Option<String>,
     table: Option<String>,
     cgroups: Option<Cgroups>,
+    disk: Option<crate::disk::Mounted>,
 }
 
 impl Drop for Made {
@@ -62,6 +64,9 @@ impl Drop for Made {
         if let Some(c) = self.cgroups.take() {
             c.kill_all();
             c.remove();
+        }
+        if let Some(d) = self.disk.take() {
+            d.unmount();
         }
         if let Some(t) = self.table.take()
             && let Err(e) = attach::remove_table(&mut System, None, &t)
@@ -136,7 +141,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     };
     // The reaper runs first, then the intent is written before anything is made.
     let state = State::open(&spec.state_dir)?;
-    for line in reaper::reap(&state) {
+    for line in reaper::reap(&state, &spec.state_dir) {
         eprintln!("sandgate run: reaper removed {line}");
     }
     let workspace = match spec.workspace.clone() {
@@ -147,7 +152,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     let table = format!("sandgate-{id}");
     let l = &spec.limits;
     state.intend(&id, l.lifetime, l.cpus, l.memory, l.pids, &netns, &table, &workspace)?;
-    let mut made = Made { id: id.clone(), netns: None, table: None, cgroups: None };
+    let mut made = Made { id: id.clone(), netns: None, table: None, cgroups: None, disk: None };
     // Recorded first: a failure half-way through attaching still removes the namespace.
     made.netns = Some(netns.clone());
     attach::attach(&mut System, None, &netns, &format!("sgs{id}"), &link).map_err(|e| e.to_string())?;
@@ -180,7 +185,9 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     made.table = Some(table);
 
     startup_check(&netns, explicit).await?;
-    std::fs::create_dir_all(&workspace).map_err(|e| format!("workspace {}: {e}", workspace.display()))?;
+    let mounted = crate::disk::mount(&workspace, spec.disk, &crate::disk::mountpoint(&spec.state_dir, &id))?;
+    let workspace_mount = mounted.mountpoint.clone();
+    made.disk = Some(mounted);
     let cgroups = Cgroups::create(&id, &spec.limits)?;
     let procs: Vec<String> = cgroups.procs_files().iter().map(|p| p.to_string_lossy().into_owned()).collect();
     made.cgroups = Some(cgroups);
@@ -195,7 +202,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     ])
     .env("SANDGATE_CGROUP_PROCS", procs.join(" "))
     .args(["ip", "netns", "exec", &netns, "bwrap"])
-    .args(bwrap_args(&workspace, &id)?)
+    .args(bwrap_args(&workspace_mount, &id)?)
     .arg("--")
     .args(&spec.command);
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {

@@ -97,7 +97,27 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
     );
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("CapEff:\t0000000000000000") && out.contains("read-only"), "{out}");
-    assert_eq!(std::fs::read_to_string(workspace.join("f")).unwrap(), "kept\n");
+    // The workspace (an ext4 image in the workspace directory) keeps the work for the next run.
+    assert!(workspace.join("disk.img").exists());
+    let (code, out, _) = sandgate_run("cat /workspace/f");
+    assert_eq!((code, out.as_str()), (Some(0), "kept\n"));
+    // Its size is enforced by its filesystem: writing past it fails with ENOSPC.
+    let small = dir.path().join("small");
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{gw}"))
+        .arg(sandgate_bin())
+        .args(["run", "--policy"])
+        .arg(&policy)
+        .arg("--state")
+        .arg(&state)
+        .arg("--workspace")
+        .arg(&small)
+        .args(["--disk", "32M", "--", "dd", "if=/dev/zero", "of=/workspace/fill", "bs=1M", "count=64"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left on device"), "{err}");
 
     // Limits: a memory hog is OOM-killed, a fork bomb stops at the pids limit, an expired
     // sandbox is stopped; each is reported with its cause.
@@ -186,6 +206,8 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
         ["pids", "cpu"].iter().any(|c| std::path::Path::new(&format!("/sys/fs/cgroup/{c}/sandgate-{id}")).exists())
     };
     assert!(groups(&id), "the crash left its cgroups");
+    let mounted = |id: &str| std::fs::read_to_string("/proc/self/mounts").unwrap().contains(&format!("sandgate-{id}"));
+    assert!(mounted(&id), "the crash left its workspace mounted");
 
     // The next start (here `sandgate reap`) removes everything the owner left.
     let out = sandgate(&["reap"]).output().unwrap();
@@ -197,6 +219,7 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
     assert!(!list.contains(&netns), "namespace left: {list}");
     assert!(!run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]).contains("sandgate-"), "table left");
     assert!(!groups(&id), "cgroups left");
+    assert!(!mounted(&id), "workspace still mounted");
     // Idempotent: a second pass finds nothing.
     let again = sandgate(&["reap"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&again.stdout), "");
