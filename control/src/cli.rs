@@ -152,6 +152,16 @@ pub(crate) struct RunArgs {
     /// used when the image is first made.
     #[arg(long, value_name = "SIZE", default_value = "10240M", value_parser = crate::limits::parse_size)]
     pub(crate) disk: u64,
+    /// The vault with Sandgate's CA and the credentials: needed when the policy has credential
+    /// or git rules; when given, the sandbox also trusts Sandgate's CA.
+    #[arg(long, value_name = "FILE", env = "SANDGATE_VAULT")]
+    pub(crate) vault: Option<PathBuf>,
+    /// The vault's key file; ignored when SANDGATE_VAULT_KEY is set.
+    #[arg(long, value_name = "FILE", default_value = "sandgate-vault.key", env = "SANDGATE_VAULT_KEY_FILE")]
+    pub(crate) vault_key_file: PathBuf,
+    /// An extra CA (PEM) trusted for intercepted origins besides the system roots; repeatable.
+    #[arg(long, value_name = "FILE", value_delimiter = ',')]
+    pub(crate) upstream_ca: Vec<PathBuf>,
     /// CPUs the sandbox may use (a CFS quota; fractions allowed).
     #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_CPUS)]
     pub(crate) cpus: f64,

@@ -61,6 +61,9 @@ fn main() -> ExitCode {
                     lifetime: args.lifetime,
                 },
                 disk: args.disk,
+                vault: args.vault.clone(),
+                vault_key_file: args.vault_key_file.clone(),
+                upstream_ca: args.upstream_ca.clone(),
                 command: args.command,
             }),
             Err(e) => {
@@ -212,6 +215,31 @@ fn ca(args: CaArgs) -> ExitCode {
     }
 }
 
+/// The interceptor (Sandgate's CA and the credentials) when the policy needs one or a vault is
+/// given; an error (exit status, message) before anything listens otherwise.
+pub(crate) fn build_interceptor(
+    policy: &CompiledPolicy,
+    vault: Option<&std::path::Path>,
+    key_file: &std::path::Path,
+    upstream_ca: &[std::path::PathBuf],
+    metrics: &sandgate_proxy::ProxyMetrics,
+) -> Result<Option<std::sync::Arc<sandgate_proxy::Interceptor>>, (u8, String)> {
+    let Some(vault_path) = vault else {
+        if policy.needs_interception() {
+            return Err((
+                EXIT_BAD_POLICY,
+                "the policy has credential or git rules, so the proxy needs its CA and secrets: pass --vault FILE (see `sandgate ca init` and `sandgate secret set`)".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    open_vault(vault_path, key_file, false)
+        .map_err(|e| e.to_string())
+        .and_then(|v| sandgate_proxy::Interceptor::new(v, policy, upstream_ca, metrics).map_err(|e| e.to_string()))
+        .map(Some)
+        .map_err(|e| (EXIT_VAULT, e))
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
@@ -259,26 +287,14 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_START);
         }
     };
-    let interceptor = if policy.needs_interception() {
-        let Some(vault_path) = args.vault.as_deref() else {
-            eprintln!(
-                "sandgate: the policy has credential or git rules, so the proxy needs its CA and secrets: pass --vault FILE (see `sandgate ca init` and `sandgate secret set`)"
-            );
-            return ExitCode::from(EXIT_BAD_POLICY);
-        };
-        let built = open_vault(vault_path, &args.vault_key_file, false).map_err(|e| e.to_string()).and_then(|v| {
-            sandgate_proxy::Interceptor::new(v, &policy, &args.upstream_ca, &metrics).map_err(|e| e.to_string())
-        });
-        match built {
-            Ok(i) => Some(i),
-            Err(e) => {
+    let interceptor =
+        match build_interceptor(&policy, args.vault.as_deref(), &args.vault_key_file, &args.upstream_ca, &metrics) {
+            Ok(i) => i,
+            Err((code, e)) => {
                 eprintln!("sandgate: {e}");
-                return ExitCode::from(EXIT_VAULT);
+                return ExitCode::from(code);
             }
-        }
-    } else {
-        None
-    };
+        };
     let config = ProxyConfig {
         interceptor,
         metrics: Some(metrics),

@@ -47,6 +47,9 @@ pub(crate) struct RunSpec {
     pub(crate) state_dir: PathBuf,
     pub(crate) limits: Limits,
     pub(crate) disk: u64,
+    pub(crate) vault: Option<PathBuf>,
+    pub(crate) vault_key_file: PathBuf,
+    pub(crate) upstream_ca: Vec<PathBuf>,
     pub(crate) command: Vec<String>,
 }
 
@@ -160,6 +163,16 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
 
     // The proxy listens on the gateway address, on ports the kernel picks.
     let gw = std::net::IpAddr::V4(link.gateway_addr);
+    let metrics = sandgate_proxy::ProxyMetrics::new().map_err(|e| e.to_string())?;
+    let interceptor = crate::build_interceptor(
+        &spec.policy,
+        spec.vault.as_deref(),
+        &spec.vault_key_file,
+        &spec.upstream_ca,
+        &metrics,
+    )
+    .map_err(|(_, e)| e)?;
+    let ca_pem = interceptor.as_ref().map(|i| i.ca_cert_pem().to_owned());
     let config = ProxyConfig {
         explicit: Some(SocketAddr::new(gw, 0)),
         transparent: Some(SocketAddr::new(gw, 0)),
@@ -168,6 +181,8 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         policy_path: spec.policy_path.clone(),
         workers: 1,
         limits: sandgate_proxy::Limits::default(),
+        interceptor,
+        metrics: Some(metrics),
         ..ProxyConfig::default()
     };
     let running = sandgate_proxy::start(config, spec.policy).await.map_err(|e| e.to_string())?;
@@ -192,6 +207,17 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     let procs: Vec<String> = cgroups.procs_files().iter().map(|p| p.to_string_lossy().into_owned()).collect();
     made.cgroups = Some(cgroups);
     let proxy_url = format!("http://{explicit}");
+    // Sandgate's CA, when there is one: a bundle of the system roots plus it, for tools that
+    // replace their roots (SSL_CERT_FILE, ...), and the CA alone for Node, which adds to its own.
+    let trust = match &ca_pem {
+        Some(pem) => Some(trust_files(&spec.state_dir, &id, pem)?),
+        None => None,
+    };
+    // Bound into the sandbox's private /run, whatever the state directory is.
+    const BUNDLE_IN: &str = "/run/sandgate/ca-bundle.pem";
+    const CA_IN: &str = "/run/sandgate/ca.pem";
+    let binds: Vec<(&Path, &str)> =
+        trust.iter().flat_map(|(b, c)| [(b.as_path(), BUNDLE_IN), (c.as_path(), CA_IN)]).collect();
     // A small shell enters the cgroups itself before exec-ing the sandbox, so nothing the
     // sandbox starts can run outside its limits (no window between spawn and move).
     let mut cmd = tokio::process::Command::new("sh");
@@ -202,13 +228,31 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     ])
     .env("SANDGATE_CGROUP_PROCS", procs.join(" "))
     .args(["ip", "netns", "exec", &netns, "bwrap"])
-    .args(bwrap_args(&workspace_mount, &id)?)
+    .args(bwrap_args(&workspace_mount, &id, &binds)?)
     .arg("--")
     .args(&spec.command);
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         cmd.env(var, &proxy_url);
     }
     cmd.env_remove("NO_PROXY").env_remove("no_proxy").env_remove("ALL_PROXY").env_remove("all_proxy");
+    if trust.is_some() {
+        for var in ["SSL_CERT_FILE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"] {
+            cmd.env(var, BUNDLE_IN);
+        }
+        cmd.env("NODE_EXTRA_CA_CERTS", CA_IN);
+    } else {
+        // The host's own CA settings would point the sandbox at files it may not see.
+        for var in [
+            "SSL_CERT_FILE",
+            "GIT_SSL_CAINFO",
+            "REQUESTS_CA_BUNDLE",
+            "PIP_CERT",
+            "CURL_CA_BUNDLE",
+            "NODE_EXTRA_CA_CERTS",
+        ] {
+            cmd.env_remove(var);
+        }
+    }
     tracing::info!(sandbox = %id, workspace = %workspace.display(), "running {:?}", spec.command);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start the sandbox: {e}"))?;
     state.set_state(&id, "running")?;
@@ -256,9 +300,29 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     };
     let left = running.drain().await;
     drop(made);
+    if let Some((bundle, ca)) = &trust {
+        let _ = std::fs::remove_file(bundle);
+        let _ = std::fs::remove_file(ca);
+    }
     state.end(&id, "stopped", cause, status.code())?;
     tracing::info!(sandbox = %id, status = code, open_connections = left, "sandbox removed");
     Ok(code)
+}
+
+/// Writes the trust files for sandbox `id`: (system roots + Sandgate's CA, Sandgate's CA).
+/// They live in the state directory, which the sandbox sees read-only like the rest of the host.
+fn trust_files(state_dir: &Path, id: &str, ca_pem: &str) -> Result<(PathBuf, PathBuf), String> {
+    let dir = state_dir.join("trust");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ca = dir.join(format!("sandgate-{id}-ca.pem"));
+    let bundle = dir.join(format!("sandgate-{id}-bundle.pem"));
+    let system = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    std::fs::write(&ca, ca_pem).map_err(|e| format!("{}: {e}", ca.display()))?;
+    std::fs::write(&bundle, format!("{system}\n{ca_pem}")).map_err(|e| format!("{}: {e}", bundle.display()))?;
+    Ok((bundle, ca))
 }
 
 /// Proves the rules are in force before CMD runs: from inside the sandbox, the proxy answers on
@@ -298,7 +362,7 @@ async fn startup_check(netns: &str, explicit: SocketAddr) -> Result<(), String> 
 /// bubblewrap's arguments: the host's top-level directories read-only (symlinks kept, so a
 /// merged /usr works), fresh /dev, /proc and /tmp, the workspace writable at /workspace, new
 /// PID, IPC and UTS namespaces, every capability dropped, its own session.
-fn bwrap_args(workspace: &Path, id: &str) -> Result<Vec<String>, String> {
+fn bwrap_args(workspace: &Path, id: &str, files: &[(&Path, &str)]) -> Result<Vec<String>, String> {
     let mut args: Vec<String> = Vec::new();
     let skip = ["proc", "dev", "sys", "tmp", "run", "workspace", "lost+found"];
     let entries = std::fs::read_dir("/").map_err(|e| format!("listing /: {e}"))?;
@@ -321,6 +385,9 @@ fn bwrap_args(workspace: &Path, id: &str) -> Result<Vec<String>, String> {
             .map(String::from),
     );
     args.extend(["--bind".into(), workspace.to_string_lossy().into_owned(), "/workspace".into()]);
+    for (host, inside) in files {
+        args.extend(["--ro-bind".into(), host.to_string_lossy().into_owned(), (*inside).to_owned()]);
+    }
     args.extend(
         [
             "--chdir",

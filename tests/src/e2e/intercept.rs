@@ -18,13 +18,13 @@ const CANARY: &str = "ghp_CANARYcanaryCANARY0123456789abcdef";
 const PLACEHOLDER: &str = "ghp_PLACEHOLDER_not_a_real_token_000";
 
 /// A vault with Sandgate's CA and the given secrets, made with the real command line.
-struct Broker {
+pub(crate) struct Broker {
     dir: tempfile::TempDir,
-    ca: PathBuf,
+    pub(crate) ca: PathBuf,
 }
 
 impl Broker {
-    fn new(secrets: &[(&str, &str)]) -> Self {
+    pub(crate) fn new(secrets: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let b = Self { ca: dir.path().join("sandgate-ca.pem"), dir };
         let out = b.cmd(&["ca", "init"]).output().unwrap();
@@ -38,11 +38,11 @@ impl Broker {
         b
     }
 
-    fn vault(&self) -> PathBuf {
+    pub(crate) fn vault(&self) -> PathBuf {
         self.dir.path().join("vault.json")
     }
 
-    fn key(&self) -> PathBuf {
+    pub(crate) fn key(&self) -> PathBuf {
         self.dir.path().join("vault.key")
     }
 

@@ -224,3 +224,81 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
     let again = sandgate(&["reap"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&again.stdout), "");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandgate_run_injects_credentials_and_trusts_sandgate_ca() {
+    if !privileged("sandgate_run_injects_credentials_and_trusts_sandgate_ca") {
+        return;
+    }
+    const CANARY: &str = "ghp_CANARYrunCANARY0123456789abcdefAB";
+    let (_lock, state) = exclusive_state();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let gw = format!("sg-runc-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+    run(&["ip", "netns", "add", &gw]);
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(gw.clone());
+    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let pki = crate::support::pki::Pki::new();
+    let seen: origin::Seen = Default::default();
+    let listener = in_ns(&gw, || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        l
+    });
+    let port = listener.local_addr().unwrap().port();
+    let _o = origin::serve_recording(
+        tokio::net::TcpListener::from_std(listener).unwrap(),
+        "tls",
+        Some(tokio_rustls::TlsAcceptor::from(pki.server_config(&["origin.test"]))),
+        seen.clone(),
+    );
+    let b = super::intercept::Broker::new(&[("origin-token", CANARY)]);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}credentials:\n  - hosts: [origin.test]\n    secret: origin-token\n    username: x-access-token\n",
+            loopback_policy(&[port])
+        ),
+    )
+    .unwrap();
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{gw}"))
+        .arg(sandgate_bin())
+        .args(["run", "--policy"])
+        .arg(&policy)
+        .arg("--state")
+        .arg(&state)
+        .arg("--workspace")
+        .arg(dir.path().join("ws"))
+        .arg("--vault")
+        .arg(b.vault())
+        .arg("--vault-key-file")
+        .arg(b.key())
+        .arg("--upstream-ca")
+        .arg(&pki.ca_path)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!("env | grep -c SSL_CERT_FILE=/run/sandgate; curl -sS https://origin.test:{port}/repo"),
+        ])
+        .env_remove("SANDGATE_VAULT_KEY")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("origin tls GET /repo"), "the sandbox trusted Sandgate's leaf: {stdout}{stderr}");
+    let auth = format!(
+        "Basic {}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, format!("x-access-token:{CANARY}"))
+    );
+    assert_eq!(*seen.lock().unwrap(), vec![auth], "the origin got the credential the sandbox never held");
+    assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY), "the canary leaked");
+}

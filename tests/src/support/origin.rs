@@ -47,6 +47,16 @@ pub(crate) async fn https_recording(name: &'static str, pki: &super::pki::Pki, n
     (o, seen)
 }
 
+/// Like [`serve`], recording each request's Authorization header in `seen`.
+pub(crate) fn serve_recording(
+    listener: TcpListener,
+    name: &'static str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    seen: Seen,
+) -> Origin {
+    serve_inner(listener, name, tls, Some(seen))
+}
+
 /// Serves on an already bound listener (one made inside a network namespace, say).
 pub(crate) fn serve(listener: TcpListener, name: &'static str, tls: Option<tokio_rustls::TlsAcceptor>) -> Origin {
     serve_inner(listener, name, tls, None)
