@@ -39,6 +39,8 @@ pub(crate) enum Command {
     /// /workspace, all capabilities dropped). Stdio is passed through; the exit status is CMD's.
     /// Needs root, iproute2, nftables and bubblewrap.
     Run(RunArgs),
+    /// List, pause, resume or remove local sandboxes.
+    Sandbox(SandboxArgs),
     /// Remove sandboxes past their lifetime and everything orphaned by a crashed owner.
     ///
     /// `sandgate run` does this at every start; run it from a timer to do it periodically.
@@ -126,6 +128,37 @@ pub(crate) enum SecretCommand {
     Rm {
         /// The secret's name.
         name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SandboxArgs {
+    /// The state directory (SQLite database).
+    #[arg(long, value_name = "DIR", default_value_os_t = crate::state::default_dir(), env = "SANDGATE_STATE", global = true)]
+    pub(crate) state: PathBuf,
+    #[command(subcommand)]
+    pub(crate) command: SandboxCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SandboxCommand {
+    /// List sandboxes: id, state, how it ended, age, time left, workspace.
+    #[command(alias = "list")]
+    Ls,
+    /// Freeze a running sandbox (cgroup freezer); processes and workspace are kept.
+    Pause {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Thaw a paused sandbox.
+    Resume {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Stop a sandbox and remove what was made for it (its workspace is kept).
+    Rm {
+        /// The sandbox's id.
+        id: String,
     },
 }
 

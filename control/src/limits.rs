@@ -98,6 +98,14 @@ impl Cgroups {
             }
             dirs.push((controller, dir));
         }
+        // The freezer (for pause) is optional: without it, pause says so.
+        let freezer = root.join("freezer");
+        if freezer.join("cgroup.procs").exists() {
+            let dir = freezer.join(own_path("freezer").unwrap_or_default().trim_start_matches('/')).join(&name);
+            if std::fs::create_dir(&dir).is_ok() {
+                dirs.push(("freezer", dir));
+            }
+        }
         let group = Self::V1(dirs);
         let dir = |c: &str| group.v1_dir(c);
         let mem = dir("memory");
@@ -129,8 +137,12 @@ impl Cgroups {
         }
     }
 
-    /// Kills every process in the sandbox (lifetime expired).
+    /// Kills every process in the sandbox (lifetime expired, removed).
     pub(crate) fn kill_all(&self) {
+        let thaw = self.v1_dir("freezer").join("freezer.state");
+        if thaw.exists() {
+            let _ = std::fs::write(thaw, "THAWED");
+        }
         if let Self::V2(d) = self
             && std::fs::write(d.join("cgroup.kill"), "1").is_ok()
         {
@@ -193,7 +205,7 @@ impl Cgroups {
 pub(crate) fn existing_groups() -> Vec<(String, PathBuf)> {
     let root = Path::new("/sys/fs/cgroup");
     let mut parents = vec![root.join(own_path("").unwrap_or_default().trim_start_matches('/'))];
-    for c in ["memory", "cpu", "pids"] {
+    for c in ["memory", "cpu", "pids", "freezer"] {
         parents.push(root.join(c).join(own_path(c).unwrap_or_default().trim_start_matches('/')));
     }
     let mut found = Vec::new();
@@ -211,9 +223,34 @@ pub(crate) fn existing_groups() -> Vec<(String, PathBuf)> {
     found
 }
 
+/// Freezes (pause) or thaws (resume) sandbox `id`: cgroup v2's `cgroup.freeze`, or the v1
+/// freezer's `freezer.state`. Processes keep their memory and open files; the workspace is
+/// untouched.
+pub(crate) fn freeze(id: &str, frozen: bool) -> Result<(), String> {
+    let groups = existing_groups();
+    let name = format!("sandgate-{id}");
+    for (gid, dir) in &groups {
+        if gid != id {
+            continue;
+        }
+        let v2 = dir.join("cgroup.freeze");
+        if v2.exists() {
+            return write(&v2, if frozen { "1" } else { "0" });
+        }
+        let v1 = dir.join("freezer.state");
+        if v1.exists() {
+            return write(&v1, if frozen { "FROZEN" } else { "THAWED" });
+        }
+    }
+    Err(format!("no freezer group {name}: is the sandbox running (and the freezer controller available)?"))
+}
+
 /// Kills every process in a group directory and removes it.
 pub(crate) fn destroy_group(dir: &Path) {
     let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    // Frozen processes cannot die: thaw first.
+    let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+    let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
     for _ in 0..50 {
         let pids = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {

@@ -8,6 +8,7 @@ mod disk;
 mod limits;
 mod reaper;
 mod run;
+mod sandbox;
 mod state;
 
 use std::io::{IsTerminal, Write};
@@ -99,6 +100,18 @@ fn main() -> ExitCode {
             }
         }
         Command::Secret(args) => secret(args),
+        Command::Sandbox(args) => match state::State::open(&args.state) {
+            Ok(s) => match args.command {
+                cli::SandboxCommand::Ls => sandbox::ls(&s),
+                cli::SandboxCommand::Pause { id } => sandbox::pause(&s, &id, true),
+                cli::SandboxCommand::Resume { id } => sandbox::pause(&s, &id, false),
+                cli::SandboxCommand::Rm { id } => sandbox::rm(&s, &args.state, &id),
+            },
+            Err(e) => {
+                eprintln!("sandgate sandbox: {e}");
+                ExitCode::from(EXIT_VAULT)
+            }
+        },
         Command::Reap(args) => match state::State::open(&args.state) {
             Ok(s) => {
                 for line in reaper::reap(&s, &args.state) {
@@ -298,6 +311,7 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
     let config = ProxyConfig {
         interceptor,
         metrics: Some(metrics),
+        sandbox: None,
         explicit: Some(args.listen),
         transparent: (!args.no_transparent).then_some(args.transparent),
         sni_relays: args.sni_relay,

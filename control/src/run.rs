@@ -183,6 +183,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         limits: sandgate_proxy::Limits::default(),
         interceptor,
         metrics: Some(metrics),
+        sandbox: Some(id.clone()),
         ..ProxyConfig::default()
     };
     let running = sandgate_proxy::start(config, spec.policy).await.map_err(|e| e.to_string())?;
@@ -257,14 +258,30 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     let mut child = cmd.spawn().map_err(|e| format!("cannot start the sandbox: {e}"))?;
     state.set_state(&id, "running")?;
     let lifetime = spec.limits.lifetime;
-    let (status, expired) = tokio::select! {
-        s = child.wait() => (s, false),
+    // SIGTERM (`sandgate sandbox rm`) or SIGINT stops the sandbox and still cleans up.
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let kill = |made: &Made, child: &mut tokio::process::Child| {
+        if let Some(c) = &made.cgroups {
+            c.kill_all();
+        }
+        let _ = child.start_kill();
+    };
+    let (status, expired, removed) = tokio::select! {
+        s = child.wait() => (s, false, false),
         () = tokio::time::sleep(lifetime) => {
-            if let Some(c) = &made.cgroups {
-                c.kill_all();
-            }
-            let _ = child.start_kill();
-            (child.wait().await, true)
+            kill(&made, &mut child);
+            (child.wait().await, true, false)
+        }
+        _ = term.recv() => {
+            kill(&made, &mut child);
+            (child.wait().await, false, true)
+        }
+        _ = int.recv() => {
+            kill(&made, &mut child);
+            (child.wait().await, false, true)
         }
     };
     let status = status.map_err(|e| format!("waiting for the sandbox: {e}"))?;
@@ -289,7 +306,9 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         eprintln!("sandgate run: sandbox {id}: reached its pids limit ({}); forks were refused", spec.limits.pids);
         tracing::warn!(sandbox = %id, cause = "pids_limit", "pids limit reached");
     }
-    let cause = if expired {
+    let cause = if removed {
+        "removed"
+    } else if expired {
         "lifetime_expired"
     } else if outcome.oom_killed {
         "oom_killed"

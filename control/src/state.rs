@@ -12,13 +12,13 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id          TEXT PRIMARY KEY,
     provider    TEXT NOT NULL,
-    state       TEXT NOT NULL,      -- creating | running | stopped | reaped
+    state       TEXT NOT NULL,      -- creating | running | paused | stopped | reaped
     owner_pid   INTEGER NOT NULL,
     owner_start INTEGER NOT NULL,   -- the owner's start time in clock ticks, against pid reuse
     created_at  INTEGER NOT NULL,   -- unix seconds
     expires_at  INTEGER NOT NULL,
     ended_at    INTEGER,
-    cause       TEXT,               -- exited | oom_killed | pids_limit | lifetime_expired | owner_died | expired
+    cause       TEXT,               -- exited | oom_killed | pids_limit | lifetime_expired | removed | owner_died | expired
     cpus        REAL NOT NULL,
     memory      INTEGER NOT NULL,
     pids        INTEGER NOT NULL,
@@ -46,6 +46,9 @@ pub(crate) struct SandboxRow {
     pub(crate) netns: String,
     pub(crate) nft_table: String,
 }
+
+/// A row of `sandbox ls`: (id, state, cause, created_at, expires_at, owner_pid, workspace).
+pub(crate) type Listed = (String, String, Option<String>, i64, i64, i64, String);
 
 /// Seconds since the epoch.
 pub(crate) fn now() -> i64 {
@@ -142,7 +145,7 @@ impl State {
     pub(crate) fn live(&self) -> Result<Vec<SandboxRow>, String> {
         let mut stmt = self
             .db
-            .prepare("SELECT id, state, owner_pid, owner_start, expires_at, netns, nft_table FROM sandboxes WHERE state IN ('creating', 'running')")
+            .prepare("SELECT id, state, owner_pid, owner_start, expires_at, netns, nft_table FROM sandboxes WHERE state IN ('creating', 'running', 'paused')")
             .map_err(sql)?;
         let rows = stmt
             .query_map([], |r| {
@@ -160,8 +163,19 @@ impl State {
         rows.collect::<Result<Vec<_>, _>>().map_err(sql)
     }
 
+    /// Every sandbox, newest first.
+    pub(crate) fn list(&self) -> Result<Vec<Listed>, String> {
+        let mut stmt = self
+            .db
+            .prepare("SELECT id, state, cause, created_at, expires_at, owner_pid, workspace FROM sandboxes ORDER BY created_at DESC")
+            .map_err(sql)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+            .map_err(sql)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(sql)
+    }
+
     /// One sandbox's state and cause.
-    #[cfg(test)]
     pub(crate) fn status(&self, id: &str) -> Result<Option<(String, Option<String>)>, String> {
         use rusqlite::OptionalExtension;
         self.db

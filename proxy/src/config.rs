@@ -34,6 +34,9 @@ pub struct ProxyConfig {
     pub interceptor: Option<std::sync::Arc<crate::intercept::Interceptor>>,
     /// Metrics to use (the interceptor registers into the same set); `None` makes new ones.
     pub metrics: Option<crate::ProxyMetrics>,
+    /// The sandbox this proxy serves, when it serves one (`sandgate run`): every connection's
+    /// log event carries it.
+    pub sandbox: Option<String>,
 }
 
 /// Limits that keep one client or one connection from disturbing the others.
@@ -102,6 +105,7 @@ impl Default for ProxyConfig {
             limits: Limits::default(),
             interceptor: None,
             metrics: None,
+            sandbox: None,
         }
     }
 }

@@ -12,7 +12,7 @@ use sandgate_policy::{Host, HostName, Reason, Verdict};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
-use crate::log::{ConnRecord, Listener};
+use crate::log::Listener;
 use crate::shared::Shared;
 
 /// TTL of the answers given to sandboxes: short, so a policy change applies quickly; the
@@ -66,7 +66,7 @@ pub(crate) async fn answer(shared: &Shared, query: &[u8], peer: SocketAddr) -> O
     }
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let policy = shared.policy();
-    let mut rec = ConnRecord::new(shared.next_id(), Listener::Dns, peer);
+    let mut rec = shared.record(Listener::Dns, peer);
     rec.port = 53;
     let text = q.name().to_ascii();
     let Ok(name) = HostName::parse(text.trim_end_matches('.')) else {

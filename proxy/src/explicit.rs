@@ -78,7 +78,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: So
         }
         FirstHead::Failed(error) => {
             let policy = shared.policy();
-            let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+            let mut rec = shared.record(Listener::Explicit, client);
             if let Some(status) = match error {
                 ProxyError::HeaderTooLarge(_) => Some("431 Request Header Fields Too Large"),
                 ProxyError::HeaderTimeout => Some("408 Request Timeout"),
@@ -124,8 +124,10 @@ async fn deny_fast(shared: &Shared, stream: &mut TcpStream, client: SocketAddr, 
     if d.verdict.proceeds() {
         return false;
     }
-    let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
-    rec.sandbox = head.user.clone();
+    let mut rec = shared.record(Listener::Explicit, client);
+    if head.user.is_some() {
+        rec.sandbox = head.user.clone();
+    }
     rec.method = Some(head.method.clone());
     rec.path = uri.path_and_query().map(|p| redact_path(p.as_str()));
     rec.host = Some(host.to_string());
@@ -208,9 +210,11 @@ async fn connect_fast(
     guard: ConnGuard,
 ) {
     let policy = shared.policy();
-    let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+    let mut rec = shared.record(Listener::Explicit, client);
     let profile = policy.select_profile(client.ip(), user.as_deref());
-    rec.sandbox = user;
+    if user.is_some() {
+        rec.sandbox = user;
+    }
     let parsed =
         authority.parse::<http::uri::Authority>().ok().and_then(|a| Some((Host::parse(a.host()).ok()?, a.port_u16()?)));
     let Some((host, port)) = parsed else {
@@ -298,7 +302,7 @@ async fn serve_http(shared: Arc<Shared>, io: Prefixed, client: SocketAddr, guard
         };
         if let Some(error) = error {
             let policy = shared.policy();
-            let mut rec = ConnRecord::new(shared.next_id(), Listener::Explicit, client);
+            let mut rec = shared.record(Listener::Explicit, client);
             rec.fail(&error);
             rec.finish(&policy, &shared.metrics);
         }
@@ -310,8 +314,10 @@ async fn serve_http(shared: Arc<Shared>, io: Prefixed, client: SocketAddr, guard
 impl ExplicitConn {
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let policy = self.shared.policy();
-        let mut rec = ConnRecord::new(self.shared.next_id(), Listener::Explicit, self.client);
-        rec.sandbox = proxy_user(req.headers());
+        let mut rec = self.shared.record(Listener::Explicit, self.client);
+        if let Some(user) = proxy_user(req.headers()) {
+            rec.sandbox = Some(user);
+        }
         let profile = policy.select_profile(self.client.ip(), rec.sandbox.as_deref());
         if req.method() == Method::CONNECT {
             self.connect(req, policy, rec, profile).await

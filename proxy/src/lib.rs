@@ -36,7 +36,7 @@ pub use intercept::Interceptor;
 pub use metrics::ProxyMetrics;
 pub use reload::{LoadError, load_policy};
 
-use crate::log::{ConnRecord, Listener};
+use crate::log::Listener;
 use crate::shared::Shared;
 
 /// Why the proxy could not start.
@@ -143,8 +143,14 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         None => ProxyMetrics::new()?,
     };
     let (policy_tx, policy_rx) = watch::channel(Arc::new(policy));
-    let shared =
-        Arc::new(Shared::new(policy_rx, resolver, metrics.clone(), config.limits.clone(), config.interceptor.clone()));
+    let shared = Arc::new(Shared::new(
+        policy_rx,
+        resolver,
+        metrics.clone(),
+        config.limits.clone(),
+        config.interceptor.clone(),
+        config.sandbox.clone(),
+    ));
     let (stop, stop_rx) = watch::channel(false);
     let find = |k: Listener| bound.iter().find(|(kind, _)| *kind == k).map(|(_, a)| *a);
     let mut running = RunningProxy {
@@ -315,7 +321,7 @@ fn reject(shared: &Shared, stream: TcpStream, peer: SocketAddr, kind: Listener, 
         let _ = stream.try_write(msg.as_bytes());
     }
     let policy = shared.policy();
-    let mut rec = ConnRecord::new(shared.next_id(), kind, peer);
+    let mut rec = shared.record(kind, peer);
     rec.fail(e);
     rec.finish(&policy, &shared.metrics);
 }

@@ -32,6 +32,7 @@ pub(crate) struct Shared {
     pub(crate) active: AtomicUsize,
     pub(crate) idle: Notify,
     pub(crate) interceptor: Option<Arc<crate::intercept::Interceptor>>,
+    pub(crate) sandbox: Option<String>,
     per_client: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -62,6 +63,7 @@ impl Shared {
         metrics: ProxyMetrics,
         limits: Limits,
         interceptor: Option<Arc<crate::intercept::Interceptor>>,
+        sandbox: Option<String>,
     ) -> Self {
         Self {
             policy,
@@ -74,6 +76,7 @@ impl Shared {
             active: AtomicUsize::new(0),
             idle: Notify::new(),
             interceptor,
+            sandbox,
             per_client: Mutex::new(HashMap::new()),
         }
     }
@@ -85,6 +88,14 @@ impl Shared {
 
     pub(crate) fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A new connection record, labelled with the sandbox this proxy serves when it serves one
+    /// (`sandgate run`); a Proxy-Authorization user may name another later.
+    pub(crate) fn record(&self, listener: crate::log::Listener, client: std::net::SocketAddr) -> Box<ConnRecord> {
+        let mut rec = ConnRecord::new(self.next_id(), listener, client);
+        rec.sandbox.clone_from(&self.sandbox);
+        rec
     }
 
     /// Takes a place for a new connection from `client`, or says which limit is full.

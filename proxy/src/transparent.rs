@@ -41,7 +41,7 @@ pub(crate) async fn serve(
     _guard: ConnGuard,
 ) {
     let policy = shared.policy();
-    let mut rec = ConnRecord::new(shared.next_id(), listener, peer);
+    let mut rec = shared.record(listener, peer);
     let orig = match relay_port {
         Some(_) => None,
         None => match original_dst(&client) {

@@ -286,9 +286,11 @@ async fn handshake(tls: tokio_rustls::client::TlsStream<TcpStream>) -> Upstream 
 
 impl Ctx {
     async fn handle(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
-        let mut rec = ConnRecord::new(self.shared.next_id(), Listener::Explicit, self.client);
+        let mut rec = self.shared.record(Listener::Explicit, self.client);
         rec.intercepted = true;
-        rec.sandbox = self.sandbox.clone();
+        if self.sandbox.is_some() {
+            rec.sandbox = self.sandbox.clone();
+        }
         rec.host = Some(self.name.to_string());
         rec.port = self.port;
         rec.sni = Some(self.name.to_string());

@@ -302,3 +302,82 @@ async fn sandgate_run_injects_credentials_and_trusts_sandgate_ca() {
     assert_eq!(*seen.lock().unwrap(), vec![auth], "the origin got the credential the sandbox never held");
     assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY), "the canary leaked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_pauses_resumes_and_is_removed_with_its_work_kept() {
+    if !privileged("a_sandbox_pauses_resumes_and_is_removed_with_its_work_kept") {
+        return;
+    }
+    let (_lock, state) = exclusive_state();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let gw = format!("sg-pause-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+    run(&["ip", "netns", "add", &gw]);
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(gw.clone());
+    let workspace = tempfile::tempdir().unwrap();
+    let sandgate = |args: &[&str]| {
+        let out = Command::new(sandgate_bin()).args(args).arg("--state").arg(&state).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let mut owner = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{gw}"))
+        .arg(sandgate_bin())
+        .args(["run", "--state"])
+        .arg(&state)
+        .arg("--workspace")
+        .arg(workspace.path())
+        .args(["--", "sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /workspace/n; sleep 0.05; done"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The sandbox shows as running; its counter lives in the mounted workspace image.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let id = loop {
+        let (_, ls) = sandgate(&["sandbox", "ls"]);
+        if let Some(line) = ls.lines().find(|l| l.contains(" running ")) {
+            break line.split_whitespace().next().unwrap().to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "never running: {ls}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let counter = state.join("mnt").join(format!("sandgate-{id}")).join("n");
+    let read = || std::fs::read_to_string(&counter).unwrap_or_default().trim().parse::<u64>().unwrap_or(0);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+
+    assert_eq!(sandgate(&["sandbox", "pause", &id]).0, Some(0));
+    let frozen = read();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(read(), frozen, "a paused sandbox kept running");
+    assert!(sandgate(&["sandbox", "ls"]).1.contains(&format!("{id}   paused")));
+    assert_ne!(sandgate(&["sandbox", "pause", &id]).0, Some(0), "pausing twice is an error");
+
+    assert_eq!(sandgate(&["sandbox", "resume", &id]).0, Some(0));
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert!(read() > frozen, "the same processes continue after resume");
+
+    let (code, said) = sandgate(&["sandbox", "rm", &id]);
+    assert_eq!(code, Some(0), "{said}");
+    // The owner stopped the sandbox (its command was killed: 137) and exited.
+    assert_eq!(owner.wait().unwrap().code(), Some(137));
+    let (_, ls) = sandgate(&["sandbox", "ls"]);
+    assert!(ls.contains(&format!("{id}   stopped   removed")), "{ls}");
+    // The work survives: the next run on the same workspace reads the counter.
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{gw}"))
+        .arg(sandgate_bin())
+        .args(["run", "--state"])
+        .arg(&state)
+        .arg("--workspace")
+        .arg(workspace.path())
+        .args(["--", "cat", "/workspace/n"])
+        .output()
+        .unwrap();
+    let kept: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+    assert!(kept > frozen, "workspace lost: {kept}");
+}
