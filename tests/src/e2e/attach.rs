@@ -224,6 +224,15 @@ async fn an_attached_sandbox_reaches_only_the_proxy() {
     });
     assert!(!replied, "ICMP got through");
 
+    // IPv6: root in the sandbox gives its interface an IPv6 address next to the gateway's and
+    // connects to a service listening on every IPv6 address there: dropped (Sandgate serves
+    // sandboxes over IPv4 only).
+    let v6_hit = tcp_tripwire(&lab.gw, "[::]:2223");
+    run(&["ip", "-n", &lab.gw, "addr", "add", "fd00:214::1/64", "dev", &format!("sgg{tag}a"), "nodad"]);
+    run(&["ip", "-n", a, "addr", "add", "fd00:214::2/64", "dev", &format!("sgs{tag}a"), "nodad"]);
+    assert!(!attempt(a, "[fd00:214::1]:2223"), "IPv6 reached the gateway");
+    assert!(!v6_hit.load(Ordering::SeqCst));
+
     // A host service on the gateway address is unreachable.
     let host_hit = tcp_tripwire(&lab.gw, "0.0.0.0:2222");
     assert!(!attempt(a, "10.213.0.1:2222"), "connected to a host service");
