@@ -142,6 +142,22 @@ pub(crate) struct SandboxArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SandboxCommand {
+    /// Create a long-lived sandbox (a detached `sandgate run` whose command idles) and print
+    /// its id; `exec` runs commands in it. Takes `sandgate run`'s options, e.g.
+    /// `sandgate sandbox create -- --memory 1G --workspace ./ws`.
+    Create {
+        /// Options for `sandgate run` (policy, limits, workspace, vault).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "RUN OPTIONS")]
+        run_args: Vec<String>,
+    },
+    /// Run a command inside a running sandbox (stdio passed through; its exit status).
+    Exec {
+        /// The sandbox's id.
+        id: String,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
     /// List sandboxes: id, state, how it ended, age, time left, workspace.
     #[command(alias = "list")]
     Ls,

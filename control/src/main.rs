@@ -103,6 +103,8 @@ fn main() -> ExitCode {
         Command::Sandbox(args) => match state::State::open(&args.state) {
             Ok(s) => match args.command {
                 cli::SandboxCommand::Ls => sandbox::ls(&s),
+                cli::SandboxCommand::Create { run_args } => sandbox::create(&s, &args.state, &run_args),
+                cli::SandboxCommand::Exec { id, command } => sandbox::exec(&s, &id, &command),
                 cli::SandboxCommand::Pause { id } => sandbox::pause(&s, &id, true),
                 cli::SandboxCommand::Resume { id } => sandbox::pause(&s, &id, false),
                 cli::SandboxCommand::Rm { id } => sandbox::rm(&s, &args.state, &id),

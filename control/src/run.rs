@@ -256,6 +256,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     }
     tracing::info!(sandbox = %id, workspace = %workspace.display(), "running {:?}", spec.command);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    state.set_proxy(&id, &proxy_url)?;
     state.set_state(&id, "running")?;
     let lifetime = spec.limits.lifetime;
     // SIGTERM (`sandgate sandbox rm`) or SIGINT stops the sandbox and still cleans up.

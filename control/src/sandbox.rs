@@ -91,3 +91,116 @@ pub(crate) fn rm(state: &State, state_dir: &std::path::Path, id: &str) -> ExitCo
     }
     ExitCode::SUCCESS
 }
+
+/// Creates a long-lived sandbox: a detached `sandgate run` whose command idles, so that
+/// `sandbox exec` can run commands in it until `sandbox rm` or its lifetime. `run_args` are
+/// `sandgate run`'s options (limits, policy, workspace, vault). Prints the id.
+pub(crate) fn create(state: &State, state_dir: &std::path::Path, run_args: &[String]) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let Ok(exe) = std::env::current_exe() else {
+        eprintln!("sandgate sandbox create: cannot find the sandgate binary");
+        return ExitCode::from(EXIT_NO_SANDBOX);
+    };
+    let log_path = state_dir.join("sandbox-create.log");
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path);
+    let (Ok(out), Ok(err)) = (log.as_ref().map(|f| f.try_clone()), log.as_ref().map(|f| f.try_clone())) else {
+        eprintln!("sandgate sandbox create: cannot open {}", log_path.display());
+        return ExitCode::from(EXIT_NO_SANDBOX);
+    };
+    let (Ok(out), Ok(err)) = (out, err) else {
+        eprintln!("sandgate sandbox create: cannot open {}", log_path.display());
+        return ExitCode::from(EXIT_NO_SANDBOX);
+    };
+    let child = std::process::Command::new(exe)
+        .arg("run")
+        .arg("--state")
+        .arg(state_dir)
+        .args(run_args)
+        .args(["--", "sh", "-c", "while :; do sleep 3600; done"])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Its own process group: the sandbox outlives this command and its terminal.
+        .process_group(0)
+        .spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sandgate sandbox create: {e}");
+            return ExitCode::from(EXIT_NO_SANDBOX);
+        }
+    };
+    for _ in 0..200 {
+        if let Ok(Some(id)) = state.owned_by(child.id()) {
+            println!("{id}");
+            return ExitCode::SUCCESS;
+        }
+        if process_start(i64::from(child.id())).is_none() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("sandgate sandbox create: the sandbox did not start; see {}", log_path.display());
+    ExitCode::from(EXIT_NO_SANDBOX)
+}
+
+/// Runs `command` inside sandbox `id`: its network, mount, PID, UTS and IPC namespaces, its
+/// cgroups, every capability dropped and no new privileges, with the proxy variables set.
+/// Stdio is passed through; the exit status is the command's.
+pub(crate) fn exec(state: &State, id: &str, command: &[String]) -> ExitCode {
+    let (owner, proxy) = match state.owner_and_proxy(id) {
+        Ok(Some(x)) => x,
+        Ok(None) => {
+            eprintln!("sandgate sandbox exec: {id} is not running (`sandgate sandbox ls`)");
+            return ExitCode::from(EXIT_NO_SANDBOX);
+        }
+        Err(e) => {
+            eprintln!("sandgate sandbox exec: {e}");
+            return ExitCode::from(EXIT_NO_SANDBOX);
+        }
+    };
+    // The sandbox's processes are those in its pids group; its init is the one in another PID
+    // namespace than ours.
+    let groups = limits::existing_groups();
+    let procs_files: Vec<String> = groups
+        .iter()
+        .filter(|(g, _)| g == id)
+        .map(|(_, d)| d.join("cgroup.procs").to_string_lossy().into_owned())
+        .collect();
+    let own_ns = std::fs::read_link("/proc/self/ns/pid").ok();
+    let target = groups
+        .iter()
+        .filter(|(g, _)| g == id)
+        .filter_map(|(_, d)| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|t| t.lines().filter_map(|l| l.trim().parse::<i64>().ok()).collect::<Vec<_>>())
+        .find(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok() != own_ns && *pid != owner);
+    let Some(target) = target else {
+        eprintln!("sandgate sandbox exec: no process of {id} to join; is it running?");
+        return ExitCode::from(EXIT_NO_SANDBOX);
+    };
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        r#"for f in $SANDGATE_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@""#,
+        "sandgate-enter",
+    ])
+    .env("SANDGATE_CGROUP_PROCS", procs_files.join(" "))
+    .arg("nsenter")
+    .arg(format!("--target={target}"))
+    .args(["--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--wd"])
+    .args(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"])
+    .args(command);
+    if let Some(url) = proxy {
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            cmd.env(var, &url);
+        }
+    }
+    cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+    match cmd.status() {
+        Ok(s) => ExitCode::from(s.code().map_or(137, |c| u8::try_from(c).unwrap_or(1))),
+        Err(e) => {
+            eprintln!("sandgate sandbox exec: {e}");
+            ExitCode::from(EXIT_NO_SANDBOX)
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, params};
 
-/// Schema, applied once per database (`user_version` 1).
+/// Schema version 1, created when the database is new.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id          TEXT PRIMARY KEY,
@@ -28,6 +28,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     exit_code   INTEGER
 );
 ";
+
+/// Migrations after version 1, in order; `user_version` counts how many have run (plus one).
+const MIGRATIONS: &[&str] = &[
+    // 2: the explicit proxy's URL, for `sandbox exec`.
+    "ALTER TABLE sandboxes ADD COLUMN proxy TEXT",
+];
 
 /// The state database.
 #[derive(Debug)]
@@ -83,6 +89,21 @@ impl State {
         db.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
         db.pragma_update(None, "synchronous", "NORMAL").map_err(sql)?;
         db.execute_batch(SCHEMA).map_err(sql)?;
+        let version: i64 = db.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sql)?;
+        for (i, migration) in MIGRATIONS.iter().enumerate() {
+            let target = i64::try_from(i).unwrap_or(i64::MAX) + 2;
+            if version < target {
+                let tx = db.unchecked_transaction().map_err(sql)?;
+                // A database made before versions were recorded may already have the column.
+                if let Err(e) = tx.execute_batch(migration)
+                    && !e.to_string().contains("duplicate column")
+                {
+                    return Err(sql(e));
+                }
+                tx.pragma_update(None, "user_version", target).map_err(sql)?;
+                tx.commit().map_err(sql)?;
+            }
+        }
         Ok(Self { db })
     }
 
@@ -122,6 +143,37 @@ impl State {
                 ],
             )
             .map(|_| ())
+            .map_err(sql)
+    }
+
+    /// Records the sandbox's explicit proxy URL.
+    pub(crate) fn set_proxy(&self, id: &str, url: &str) -> Result<(), String> {
+        self.db.execute("UPDATE sandboxes SET proxy = ?2 WHERE id = ?1", params![id, url]).map(|_| ()).map_err(sql)
+    }
+
+    /// A live sandbox's owner pid and proxy URL.
+    pub(crate) fn owner_and_proxy(&self, id: &str) -> Result<Option<(i64, Option<String>)>, String> {
+        use rusqlite::OptionalExtension;
+        self.db
+            .query_row(
+                "SELECT owner_pid, proxy FROM sandboxes WHERE id = ?1 AND state IN ('running', 'paused')",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(sql)
+    }
+
+    /// The id of the live sandbox owned by process `pid`, if any.
+    pub(crate) fn owned_by(&self, pid: u32) -> Result<Option<String>, String> {
+        use rusqlite::OptionalExtension;
+        self.db
+            .query_row(
+                "SELECT id FROM sandboxes WHERE owner_pid = ?1 AND state = 'running'",
+                params![i64::from(pid)],
+                |r| r.get(0),
+            )
+            .optional()
             .map_err(sql)
     }
 
@@ -204,8 +256,22 @@ mod tests {
         s.end("abc", "stopped", "exited", Some(0)).unwrap();
         assert!(s.live().unwrap().is_empty());
         assert_eq!(s.status("abc").unwrap(), Some(("stopped".into(), Some("exited".into()))));
-        // Reopening keeps it (a real file, WAL mode).
+        // Reopening keeps it (a real file, WAL mode), and migrations do not run twice.
         drop(s);
-        assert_eq!(State::open(dir.path()).unwrap().status("abc").unwrap().unwrap().0, "stopped");
+        let s = State::open(dir.path()).unwrap();
+        assert_eq!(s.status("abc").unwrap().unwrap().0, "stopped");
+        let version: i64 = s.db.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(version, 2);
+    }
+
+    #[test]
+    fn a_version_1_database_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Connection::open(dir.path().join("state.db")).unwrap();
+        db.execute_batch(SCHEMA).unwrap();
+        drop(db);
+        let s = State::open(dir.path()).unwrap();
+        s.intend("v1", Duration::from_secs(60), 1.0, 1, 1, "n", "t", dir.path()).unwrap();
+        s.set_proxy("v1", "http://10.0.0.1:1").unwrap();
     }
 }

@@ -381,3 +381,90 @@ async fn a_sandbox_pauses_resumes_and_is_removed_with_its_work_kept() {
     let kept: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
     assert!(kept > frozen, "workspace lost: {kept}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_sandbox_runs_commands_until_removed() {
+    if !privileged("a_created_sandbox_runs_commands_until_removed") {
+        return;
+    }
+    let (_lock, state) = exclusive_state();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let gw = format!("sg-exec-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+    run(&["ip", "netns", "add", &gw]);
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(gw.clone());
+    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let listener = in_ns(&gw, || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        l
+    });
+    let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
+    let port = o.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, loopback_policy(&[port])).unwrap();
+    let ws = dir.path().join("ws");
+    let sandgate = |args: &[&str]| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{gw}"))
+            .arg(sandgate_bin())
+            .arg("sandbox")
+            .arg("--state")
+            .arg(&state)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, id, err) = sandgate(&[
+        "create",
+        "--",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--pids",
+        "64",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let id = id.trim().to_owned();
+    assert_eq!(id.len(), 6, "{id}");
+
+    // Commands run inside the same sandbox: its PID namespace (bwrap is its PID 1), no
+    // capabilities, the proxy variables, the workspace, and the policy on the way out.
+    let (code, out, err) = sandgate(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "cat /proc/1/comm; grep CapEff /proc/self/status; echo exec > /workspace/e; curl -s http://origin.test:{port}/from-exec; exit 5"
+        ),
+    ]);
+    assert_eq!(code, Some(5), "{out}{err}");
+    assert!(out.starts_with("bwrap\n"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("origin plain GET /from-exec"), "{out}");
+    let (_, out, _) = sandgate(&["exec", &id, "--", "cat", "/workspace/e"]);
+    assert_eq!(out, "exec\n");
+    let (code, _, _) = sandgate(&["exec", "nosuch", "--", "true"]);
+    assert_eq!(code, Some(1));
+
+    let (code, _, err) = sandgate(&["rm", &id]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, ls, _) = sandgate(&["ls"]);
+    assert!(ls.contains(&format!("{id}   stopped   removed")), "{ls}");
+    let (code, _, err) = sandgate(&["exec", &id, "--", "true"]);
+    assert_eq!(code, Some(1), "exec into a removed sandbox: {err}");
+}
