@@ -211,6 +211,10 @@ pub(crate) struct RunArgs {
     /// An extra CA (PEM) trusted for intercepted origins besides the system roots; repeatable.
     #[arg(long, value_name = "FILE", value_delimiter = ',')]
     pub(crate) upstream_ca: Vec<PathBuf>,
+    /// The isolation: `bwrap` (namespaces, default) or `gvisor` (gVisor's runsc: the command
+    /// runs on a user-space kernel, so a kernel exploit does not reach the host's; needs runsc).
+    #[arg(long, value_enum, default_value = "bwrap")]
+    pub(crate) isolation: crate::run::Isolation,
     /// CPUs the sandbox may use (a CFS quota; fractions allowed).
     #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_CPUS)]
     pub(crate) cpus: f64,

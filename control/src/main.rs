@@ -62,6 +62,7 @@ fn main() -> ExitCode {
                     lifetime: args.lifetime,
                 },
                 disk: args.disk,
+                isolation: args.isolation,
                 vault: args.vault.clone(),
                 vault_key_file: args.vault_key_file.clone(),
                 upstream_ca: args.upstream_ca.clone(),

@@ -38,6 +38,15 @@ const LINK_NET: [u8; 2] = [10, 214];
 /// Exit status when the sandbox cannot be made (EX_OSERR).
 const EXIT_SANDBOX: u8 = 71;
 
+/// How the command is isolated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Isolation {
+    /// bubblewrap: Linux namespaces on the host's kernel.
+    Bwrap,
+    /// gVisor's runsc: a user-space kernel between the command and the host's.
+    Gvisor,
+}
+
 /// What to run and how.
 #[derive(Debug)]
 pub(crate) struct RunSpec {
@@ -47,6 +56,7 @@ pub(crate) struct RunSpec {
     pub(crate) state_dir: PathBuf,
     pub(crate) limits: Limits,
     pub(crate) disk: u64,
+    pub(crate) isolation: Isolation,
     pub(crate) vault: Option<PathBuf>,
     pub(crate) vault_key_file: PathBuf,
     pub(crate) upstream_ca: Vec<PathBuf>,
@@ -155,6 +165,14 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     let table = format!("sandgate-{id}");
     let l = &spec.limits;
     state.intend(&id, l.lifetime, l.cpus, l.memory, l.pids, &netns, &table, &workspace)?;
+    let isolation = match spec.isolation {
+        Isolation::Bwrap => "bwrap",
+        Isolation::Gvisor => "gvisor",
+    };
+    state.set_isolation(&id, isolation)?;
+    if spec.isolation == Isolation::Gvisor && std::process::Command::new("runsc").arg("--version").output().is_err() {
+        return Err("--isolation gvisor needs gVisor's runsc; install it with `apt-get install runsc`".into());
+    }
     let mut made = Made { id: id.clone(), netns: None, table: None, cgroups: None, disk: None };
     // Recorded first: a failure half-way through attaching still removes the namespace.
     made.netns = Some(netns.clone());
@@ -227,11 +245,42 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         r#"for f in $SANDGATE_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@""#,
         "sandgate-enter",
     ])
-    .env("SANDGATE_CGROUP_PROCS", procs.join(" "))
-    .args(["ip", "netns", "exec", &netns, "bwrap"])
-    .args(bwrap_args(&workspace_mount, &id, &binds)?)
-    .arg("--")
-    .args(&spec.command);
+    .env("SANDGATE_CGROUP_PROCS", procs.join(" "));
+    let runsc_root = spec.state_dir.join("runsc");
+    let bundle = runsc_root.join(format!("bundle-{id}"));
+    match spec.isolation {
+        Isolation::Bwrap => {
+            cmd.args(["ip", "netns", "exec", &netns, "bwrap"])
+                .args(bwrap_args(&workspace_mount, &id, &binds)?)
+                .arg("--")
+                .args(&spec.command);
+        }
+        Isolation::Gvisor => {
+            let mut env = vec![format!(
+                "PATH={}",
+                std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+            )];
+            env.extend(["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].map(|v| format!("{v}={proxy_url}")));
+            if trust.is_some() {
+                env.extend(
+                    ["SSL_CERT_FILE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"]
+                        .map(|v| format!("{v}={BUNDLE_IN}")),
+                );
+                env.push(format!("NODE_EXTRA_CA_CERTS={CA_IN}"));
+            }
+            write_oci_bundle(&bundle, &workspace_mount, &id, &binds, &spec.command, &env)?;
+            // nsenter, not `ip netns exec`: this runsc refuses a remounted /sys. The network is
+            // the sandbox's namespace (host networking of runsc, inside it).
+            cmd.arg("nsenter")
+                .arg(format!("--net=/var/run/netns/{netns}"))
+                .arg("runsc")
+                .arg("--root")
+                .arg(runsc_root.join("state"))
+                .args(["--network=host", "--ignore-cgroups", "run", "--bundle"])
+                .arg(&bundle)
+                .arg(format!("sandgate-{id}"));
+        }
+    }
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         cmd.env(var, &proxy_url);
     }
@@ -319,6 +368,14 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         "exited"
     };
     let left = running.drain().await;
+    if spec.isolation == Isolation::Gvisor {
+        let _ = std::process::Command::new("runsc")
+            .arg("--root")
+            .arg(runsc_root.join("state"))
+            .args(["delete", "-force", &format!("sandgate-{id}")])
+            .output();
+        let _ = std::fs::remove_dir_all(&bundle);
+    }
     drop(made);
     if let Some((bundle, ca)) = &trust {
         let _ = std::fs::remove_file(bundle);
@@ -377,6 +434,48 @@ async fn startup_check(netns: &str, explicit: SocketAddr) -> Result<(), String> 
     })
     .await
     .map_err(|e| e.to_string())?
+}
+
+/// Writes an OCI bundle for runsc: the host's root read-only, fresh /proc, /tmp and /run, the
+/// workspace writable at /workspace, the trust files read-only, no capabilities, no new
+/// privileges, new PID, IPC, UTS and mount namespaces (the network is the sandbox's own).
+fn write_oci_bundle(
+    dir: &Path,
+    workspace: &Path,
+    id: &str,
+    files: &[(&Path, &str)],
+    command: &[String],
+    env: &[String],
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut mounts = vec![
+        serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"}),
+        serde_json::json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs"}),
+        serde_json::json!({"destination": "/workspace", "type": "bind", "source": workspace, "options": ["rbind", "rw"]}),
+    ];
+    for (host, inside) in files {
+        mounts.push(
+            serde_json::json!({"destination": inside, "type": "bind", "source": host, "options": ["rbind", "ro"]}),
+        );
+    }
+    let config = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": command,
+            "env": env,
+            "cwd": "/workspace",
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "noNewPrivileges": true
+        },
+        "root": {"path": "/", "readonly": true},
+        "hostname": format!("sandgate-{id}"),
+        "mounts": mounts,
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]}
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
 /// bubblewrap's arguments: the host's top-level directories read-only (symlinks kept, so a

@@ -149,7 +149,11 @@ pub(crate) fn create(state: &State, state_dir: &std::path::Path, run_args: &[Str
 /// Stdio is passed through; the exit status is the command's.
 pub(crate) fn exec(state: &State, id: &str, command: &[String]) -> ExitCode {
     let (owner, proxy) = match state.owner_and_proxy(id) {
-        Ok(Some(x)) => x,
+        Ok(Some((_, _, Some(iso)))) if iso == "gvisor" => {
+            eprintln!("sandgate sandbox exec: {id} runs under gVisor; exec enters bwrap sandboxes only (for now)");
+            return ExitCode::from(EXIT_NO_SANDBOX);
+        }
+        Ok(Some((owner, proxy, _))) => (owner, proxy),
         Ok(None) => {
             eprintln!("sandgate sandbox exec: {id} is not running (`sandgate sandbox ls`)");
             return ExitCode::from(EXIT_NO_SANDBOX);

@@ -33,6 +33,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 const MIGRATIONS: &[&str] = &[
     // 2: the explicit proxy's URL, for `sandbox exec`.
     "ALTER TABLE sandboxes ADD COLUMN proxy TEXT",
+    // 3: the isolation (bwrap or gvisor), since `sandbox exec` enters bwrap sandboxes only.
+    "ALTER TABLE sandboxes ADD COLUMN isolation TEXT",
 ];
 
 /// The state database.
@@ -151,14 +153,22 @@ impl State {
         self.db.execute("UPDATE sandboxes SET proxy = ?2 WHERE id = ?1", params![id, url]).map(|_| ()).map_err(sql)
     }
 
-    /// A live sandbox's owner pid and proxy URL.
-    pub(crate) fn owner_and_proxy(&self, id: &str) -> Result<Option<(i64, Option<String>)>, String> {
+    /// Records the sandbox's isolation.
+    pub(crate) fn set_isolation(&self, id: &str, isolation: &str) -> Result<(), String> {
+        self.db
+            .execute("UPDATE sandboxes SET isolation = ?2 WHERE id = ?1", params![id, isolation])
+            .map(|_| ())
+            .map_err(sql)
+    }
+
+    /// A live sandbox's owner pid, proxy URL and isolation.
+    pub(crate) fn owner_and_proxy(&self, id: &str) -> Result<Option<(i64, Option<String>, Option<String>)>, String> {
         use rusqlite::OptionalExtension;
         self.db
             .query_row(
-                "SELECT owner_pid, proxy FROM sandboxes WHERE id = ?1 AND state IN ('running', 'paused')",
+                "SELECT owner_pid, proxy, isolation FROM sandboxes WHERE id = ?1 AND state IN ('running', 'paused')",
                 params![id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()
             .map_err(sql)
@@ -261,7 +271,7 @@ mod tests {
         let s = State::open(dir.path()).unwrap();
         assert_eq!(s.status("abc").unwrap().unwrap().0, "stopped");
         let version: i64 = s.db.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, 3);
     }
 
     #[test]

@@ -468,3 +468,67 @@ async fn a_created_sandbox_runs_commands_until_removed() {
     let (code, _, err) = sandgate(&["exec", &id, "--", "true"]);
     assert_eq!(code, Some(1), "exec into a removed sandbox: {err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandgate_run_under_gvisor() {
+    if !privileged("sandgate_run_under_gvisor") {
+        return;
+    }
+    let have_runsc = Command::new("runsc").arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(
+        have_runsc || std::env::var("SANDGATE_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+        "runsc is missing (scripts/setup installs it)"
+    );
+    if !have_runsc {
+        eprintln!("SKIPPED sandgate_run_under_gvisor: needs runsc (apt-get install runsc)");
+        return;
+    }
+    let (_lock, state) = exclusive_state();
+    static N: AtomicU32 = AtomicU32::new(0);
+    let gw = format!("sg-gv-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+    run(&["ip", "netns", "add", &gw]);
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(gw.clone());
+    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let listener = in_ns(&gw, || {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        l
+    });
+    let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
+    let port = o.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, loopback_policy(&[port])).unwrap();
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{gw}"))
+        .arg(sandgate_bin())
+        .args(["run", "--isolation", "gvisor", "--policy"])
+        .arg(&policy)
+        .arg("--state")
+        .arg(&state)
+        .arg("--workspace")
+        .arg(dir.path().join("ws"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "uname -r; grep CapEff /proc/self/status; curl -s http://origin.test:{port}/gvisor; curl -s --noproxy '*' --resolve evil.test:80:198.18.0.10 http://evil.test/; exit 9"
+            ),
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(9), "{stdout}{stderr}");
+    assert!(stdout.starts_with("4.4.0"), "gVisor's kernel answers uname: {stdout}");
+    assert!(stdout.contains("CapEff:\t0000000000000000"), "{stdout}");
+    assert!(stdout.contains("origin plain GET /gvisor"), "the policy's allowed origin is reached: {stdout}{stderr}");
+    assert!(stdout.contains("sandgate: denied evil.test:80"), "and the rest refused: {stdout}");
+}
