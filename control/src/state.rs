@@ -55,6 +55,9 @@ pub(crate) struct SandboxRow {
     pub(crate) nft_table: String,
 }
 
+/// A live sandbox's (owner pid, proxy URL, isolation).
+pub(crate) type Owner = (i64, Option<String>, Option<String>);
+
 /// A row of `sandbox ls`: (id, state, cause, created_at, expires_at, owner_pid, workspace).
 pub(crate) type Listed = (String, String, Option<String>, i64, i64, i64, String);
 
@@ -162,7 +165,7 @@ impl State {
     }
 
     /// A live sandbox's owner pid, proxy URL and isolation.
-    pub(crate) fn owner_and_proxy(&self, id: &str) -> Result<Option<(i64, Option<String>, Option<String>)>, String> {
+    pub(crate) fn owner_and_proxy(&self, id: &str) -> Result<Option<Owner>, String> {
         use rusqlite::OptionalExtension;
         self.db
             .query_row(
