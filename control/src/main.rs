@@ -9,6 +9,7 @@ mod limits;
 mod reaper;
 mod run;
 mod sandbox;
+mod seccomp;
 mod state;
 
 use std::io::{IsTerminal, Write};

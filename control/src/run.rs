@@ -242,15 +242,23 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     let mut cmd = tokio::process::Command::new("sh");
     cmd.args([
         "-c",
-        r#"for f in $SANDGATE_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; exec "$@""#,
+        r#"for f in $SANDGATE_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; if [ -n "$SANDGATE_SECCOMP" ]; then exec 9<"$SANDGATE_SECCOMP"; fi; exec "$@""#,
         "sandgate-enter",
     ])
     .env("SANDGATE_CGROUP_PROCS", procs.join(" "));
+    let mut seccomp_file = None;
     let runsc_root = spec.state_dir.join("runsc");
     let bundle = runsc_root.join(format!("bundle-{id}"));
     match spec.isolation {
         Isolation::Bwrap => {
-            cmd.args(["ip", "netns", "exec", &netns, "bwrap"])
+            // bubblewrap reads the compiled filter from a descriptor: the shell opens it as fd 9.
+            std::fs::create_dir_all(&runsc_root).map_err(|e| format!("{}: {e}", runsc_root.display()))?;
+            let filter = spec.state_dir.join(format!("seccomp-{id}.bpf"));
+            std::fs::write(&filter, crate::seccomp::filter_bytes()?)
+                .map_err(|e| format!("{}: {e}", filter.display()))?;
+            seccomp_file = Some(filter.clone());
+            cmd.env("SANDGATE_SECCOMP", &filter)
+                .args(["ip", "netns", "exec", &netns, "bwrap", "--seccomp", "9"])
                 .args(bwrap_args(&workspace_mount, &id, &binds)?)
                 .arg("--")
                 .args(&spec.command);
@@ -368,6 +376,9 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         "exited"
     };
     let left = running.drain().await;
+    if let Some(f) = &seccomp_file {
+        let _ = std::fs::remove_file(f);
+    }
     if spec.isolation == Isolation::Gvisor {
         let _ = std::process::Command::new("runsc")
             .arg("--root")

@@ -93,10 +93,13 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
 
     // Isolation: no capabilities, the host read-only, the workspace writable and kept.
     let (code, out, err) = sandgate_run(
-        "grep CapEff /proc/self/status; touch /usr/sandgate-x || echo read-only; echo kept > /workspace/f",
+        "grep -E 'CapEff|Seccomp:' /proc/self/status; touch /usr/sandgate-x || echo read-only; \
+         unshare --user true 2>/dev/null && echo userns-allowed || echo userns-refused; echo kept > /workspace/f",
     );
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("CapEff:\t0000000000000000") && out.contains("read-only"), "{out}");
+    // The seccomp filter is on and refuses new namespaces (bwrap alone would allow this one).
+    assert!(out.contains("Seccomp:\t2") && out.contains("userns-refused"), "{out}");
     // The workspace (an ext4 image in the workspace directory) keeps the work for the next run.
     assert!(workspace.join("disk.img").exists());
     let (code, out, _) = sandgate_run("cat /workspace/f");
