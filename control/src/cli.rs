@@ -211,6 +211,10 @@ pub(crate) struct RunArgs {
     /// An extra CA (PEM) trusted for intercepted origins besides the system roots; repeatable.
     #[arg(long, value_name = "FILE", value_delimiter = ',')]
     pub(crate) upstream_ca: Vec<PathBuf>,
+    /// The policy profile this sandbox gets (default: the policy's choice by address, which for
+    /// a local sandbox is its `default` profile).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) profile: Option<String>,
     /// The isolation: `bwrap` (namespaces, default) or `gvisor` (gVisor's runsc: the command
     /// runs on a user-space kernel, so a kernel exploit does not reach the host's; needs runsc).
     #[arg(long, value_enum, default_value = "bwrap")]

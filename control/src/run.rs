@@ -35,6 +35,8 @@ use crate::state::State;
 
 /// The /16 that sandbox links are carved from, one /30 per sandbox.
 const LINK_NET: [u8; 2] = [10, 214];
+/// How often a running sandbox's owner runs the reaper.
+const REAP_EVERY: Duration = Duration::from_secs(300);
 /// Exit status when the sandbox cannot be made (EX_OSERR).
 const EXIT_SANDBOX: u8 = 71;
 
@@ -57,6 +59,7 @@ pub(crate) struct RunSpec {
     pub(crate) limits: Limits,
     pub(crate) disk: u64,
     pub(crate) isolation: Isolation,
+    pub(crate) profile: Option<String>,
     pub(crate) vault: Option<PathBuf>,
     pub(crate) vault_key_file: PathBuf,
     pub(crate) upstream_ca: Vec<PathBuf>,
@@ -141,6 +144,12 @@ fn preflight() -> Result<(), String> {
 }
 
 async fn run_inner(spec: RunSpec) -> Result<u8, String> {
+    if let Some(p) = &spec.profile
+        && spec.policy.profile_id(p).is_none()
+    {
+        let names: Vec<&str> = spec.policy.profile_names().collect();
+        return Err(format!("the policy has no profile `{p}`; it has: {}", names.join(", ")));
+    }
     let mut raw = [0u8; 4];
     rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty()).map_err(|e| format!("random id: {e}"))?;
     let id = format!("{:06x}", u32::from_be_bytes(raw) & 0xff_ffff);
@@ -202,6 +211,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         interceptor,
         metrics: Some(metrics),
         sandbox: Some(id.clone()),
+        profile: spec.profile.clone(),
         ..ProxyConfig::default()
     };
     let running = sandgate_proxy::start(config, spec.policy).await.map_err(|e| e.to_string())?;
@@ -327,6 +337,23 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         }
         let _ = child.start_kill();
     };
+    // The reaper also runs periodically while this sandbox lives, for sandboxes whose owners
+    // died meanwhile (a long-lived `sandbox create` keeps it going).
+    let reaper_state = spec.state_dir.clone();
+    let own_id = id.clone();
+    let reaper = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REAP_EVERY).await;
+            let dir = reaper_state.clone();
+            let removed =
+                tokio::task::spawn_blocking(move || State::open(&dir).map(|s| crate::reaper::reap(&s, &dir))).await;
+            if let Ok(Ok(lines)) = removed {
+                for line in lines {
+                    tracing::info!(sandbox = %own_id, "periodic reaper removed {line}");
+                }
+            }
+        }
+    });
     let (status, expired, removed) = tokio::select! {
         s = child.wait() => (s, false, false),
         () = tokio::time::sleep(lifetime) => {
@@ -342,6 +369,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
             (child.wait().await, false, true)
         }
     };
+    reaper.abort();
     let status = status.map_err(|e| format!("waiting for the sandbox: {e}"))?;
     let code = status.code().map_or(128 + 9, |c| u8::try_from(c).unwrap_or(1));
     let outcome = made.cgroups.as_ref().map(Cgroups::outcome).unwrap_or_default();

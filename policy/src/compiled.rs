@@ -165,6 +165,11 @@ impl CompiledPolicy {
         self.rule_names.get(id.0 as usize).map_or("", |n| n)
     }
 
+    /// The id of the profile named `name`, if the policy has one.
+    pub fn profile_id(&self, name: &str) -> Option<ProfileId> {
+        self.profiles.iter().position(|p| &*p.name == name).and_then(|i| u16::try_from(i).ok()).map(ProfileId)
+    }
+
     /// The names of every profile, default first (a closed set, for metric labels).
     pub fn profile_names(&self) -> impl Iterator<Item = &str> {
         self.profiles.iter().map(|p| &*p.name)

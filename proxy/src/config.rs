@@ -37,6 +37,9 @@ pub struct ProxyConfig {
     /// The sandbox this proxy serves, when it serves one (`sandgate run`): every connection's
     /// log event carries it.
     pub sandbox: Option<String>,
+    /// The policy profile every client of this proxy gets, when it serves one sandbox; `None`
+    /// selects profiles by client address and Proxy-Authorization user.
+    pub profile: Option<String>,
 }
 
 /// Limits that keep one client or one connection from disturbing the others.
@@ -106,6 +109,7 @@ impl Default for ProxyConfig {
             interceptor: None,
             metrics: None,
             sandbox: None,
+            profile: None,
         }
     }
 }

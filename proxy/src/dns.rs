@@ -77,7 +77,7 @@ pub(crate) async fn answer(shared: &Shared, query: &[u8], peer: SocketAddr) -> O
         return resp.to_vec().ok();
     };
     rec.host = Some(name.to_string());
-    let profile = policy.select_profile(peer.ip(), None);
+    let profile = shared.profile_for(&policy, peer.ip(), None);
     let mut d = policy.decide(profile, &Host::Name(name.clone()), 443);
     // DNS carries no port: a name some rule allows on any port is answered.
     if d.reason == Reason::PortNotAllowed {

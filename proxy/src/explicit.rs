@@ -119,7 +119,7 @@ async fn deny_fast(shared: &Shared, stream: &mut TcpStream, client: SocketAddr, 
     let Ok(uri) = head.target.parse::<Uri>() else { return false };
     let Ok((host, port, _)) = http_target(&uri) else { return false };
     let policy = shared.policy();
-    let profile = policy.select_profile(client.ip(), head.user.as_deref());
+    let profile = shared.profile_for(&policy, client.ip(), head.user.as_deref());
     let d = policy.decide(profile, &host, port);
     if d.verdict.proceeds() {
         return false;
@@ -211,7 +211,7 @@ async fn connect_fast(
 ) {
     let policy = shared.policy();
     let mut rec = shared.record(Listener::Explicit, client);
-    let profile = policy.select_profile(client.ip(), user.as_deref());
+    let profile = shared.profile_for(&policy, client.ip(), user.as_deref());
     if user.is_some() {
         rec.sandbox = user;
     }
@@ -318,7 +318,7 @@ impl ExplicitConn {
         if let Some(user) = proxy_user(req.headers()) {
             rec.sandbox = Some(user);
         }
-        let profile = policy.select_profile(self.client.ip(), rec.sandbox.as_deref());
+        let profile = self.shared.profile_for(&policy, self.client.ip(), rec.sandbox.as_deref());
         if req.method() == Method::CONNECT {
             self.connect(req, policy, rec, profile).await
         } else {

@@ -150,6 +150,7 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         config.limits.clone(),
         config.interceptor.clone(),
         config.sandbox.clone(),
+        config.profile.clone(),
     ));
     let (stop, stop_rx) = watch::channel(false);
     let find = |k: Listener| bound.iter().find(|(kind, _)| *kind == k).map(|(_, a)| *a);

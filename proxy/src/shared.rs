@@ -33,6 +33,7 @@ pub(crate) struct Shared {
     pub(crate) idle: Notify,
     pub(crate) interceptor: Option<Arc<crate::intercept::Interceptor>>,
     pub(crate) sandbox: Option<String>,
+    pub(crate) profile: Option<String>,
     per_client: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -64,6 +65,7 @@ impl Shared {
         limits: Limits,
         interceptor: Option<Arc<crate::intercept::Interceptor>>,
         sandbox: Option<String>,
+        profile: Option<String>,
     ) -> Self {
         Self {
             policy,
@@ -77,6 +79,7 @@ impl Shared {
             idle: Notify::new(),
             interceptor,
             sandbox,
+            profile,
             per_client: Mutex::new(HashMap::new()),
         }
     }
@@ -88,6 +91,15 @@ impl Shared {
 
     pub(crate) fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The profile for a client: the one this proxy was given for its sandbox, else the
+    /// policy's choice by address and user.
+    pub(crate) fn profile_for(&self, policy: &CompiledPolicy, client: IpAddr, user: Option<&str>) -> ProfileId {
+        self.profile
+            .as_deref()
+            .and_then(|name| policy.profile_id(name))
+            .unwrap_or_else(|| policy.select_profile(client, user))
     }
 
     /// A new connection record, labelled with the sandbox this proxy serves when it serves one

@@ -96,7 +96,7 @@ pub(crate) async fn serve(
         (None, None) => return fail(&shared, &policy, rec, ProxyError::MalformedRequest("no SNI or Host to relay by")),
     };
     rec.host = Some(host.to_string());
-    let profile = policy.select_profile(peer.ip(), None);
+    let profile = shared.profile_for(&policy, peer.ip(), None);
 
     if ech && policy.refuses_ech() {
         let d = policy.refuse(profile, sandgate_policy::Reason::EchRefused);

@@ -85,6 +85,17 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
         "connection log on stderr: {err}"
     );
 
+    // A sandbox can be given a profile: `reporting` (report mode) lets other.test through,
+    // which the default profile refuses; an unknown profile is refused before anything starts.
+    let (code, out, err) =
+        sandgate_run_with(&["--profile", "reporting"], &format!("curl -s http://other.test:{port}/r"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("origin plain GET /r"), "{out}{err}");
+    assert!(err.contains("\"profile\":\"reporting\"") && err.contains("\"verdict\":\"report\""), "{err}");
+    let (code, _, err) = sandgate_run_with(&["--profile", "nosuch"], "true");
+    assert_eq!(code, Some(71));
+    assert!(err.contains("no profile `nosuch`; it has: default, reporting"), "{err}");
+
     // A denied host is refused with a reason the agent can read; the exit status is CMD's.
     let (code, out, _) =
         sandgate_run("curl -s --noproxy '*' --resolve evil.test:80:198.18.0.10 http://evil.test/; exit 7");
