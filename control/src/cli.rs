@@ -215,6 +215,10 @@ pub(crate) struct RunArgs {
     /// a local sandbox is its `default` profile).
     #[arg(long, value_name = "NAME")]
     pub(crate) profile: Option<String>,
+    /// Admin listener of this sandbox's proxy (`/metrics`, every series labelled with the
+    /// sandbox id); none unless given.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) admin: Option<std::net::SocketAddr>,
     /// The isolation: `bwrap` (namespaces, default) or `gvisor` (gVisor's runsc: the command
     /// runs on a user-space kernel, so a kernel exploit does not reach the host's; needs runsc).
     #[arg(long, value_enum, default_value = "bwrap")]

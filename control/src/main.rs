@@ -65,6 +65,7 @@ fn main() -> ExitCode {
                 disk: args.disk,
                 isolation: args.isolation,
                 profile: args.profile.clone(),
+                admin: args.admin,
                 vault: args.vault.clone(),
                 vault_key_file: args.vault_key_file.clone(),
                 upstream_ca: args.upstream_ca.clone(),

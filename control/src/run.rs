@@ -60,6 +60,7 @@ pub(crate) struct RunSpec {
     pub(crate) disk: u64,
     pub(crate) isolation: Isolation,
     pub(crate) profile: Option<String>,
+    pub(crate) admin: Option<SocketAddr>,
     pub(crate) vault: Option<PathBuf>,
     pub(crate) vault_key_file: PathBuf,
     pub(crate) upstream_ca: Vec<PathBuf>,
@@ -190,7 +191,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
 
     // The proxy listens on the gateway address, on ports the kernel picks.
     let gw = std::net::IpAddr::V4(link.gateway_addr);
-    let metrics = sandgate_proxy::ProxyMetrics::new().map_err(|e| e.to_string())?;
+    let metrics = sandgate_proxy::ProxyMetrics::for_sandbox(&id).map_err(|e| e.to_string())?;
     let interceptor = crate::build_interceptor(
         &spec.policy,
         spec.vault.as_deref(),
@@ -204,7 +205,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         explicit: Some(SocketAddr::new(gw, 0)),
         transparent: Some(SocketAddr::new(gw, 0)),
         dns: Some(SocketAddr::new(gw, 0)),
-        admin: None,
+        admin: spec.admin,
         policy_path: spec.policy_path.clone(),
         workers: 1,
         limits: sandgate_proxy::Limits::default(),
@@ -215,6 +216,9 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
         ..ProxyConfig::default()
     };
     let running = sandgate_proxy::start(config, spec.policy).await.map_err(|e| e.to_string())?;
+    if let Some(admin) = running.admin {
+        tracing::info!(target: "sandgate::listen", sandbox = %id, listener = "admin", %admin, "listening");
+    }
     let (Some(explicit), Some(transparent), Some(dns)) = (running.explicit, running.transparent, running.dns) else {
         return Err("the proxy did not open its listeners".into());
     };

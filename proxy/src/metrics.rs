@@ -35,7 +35,17 @@ pub struct ProxyMetrics {
 impl ProxyMetrics {
     /// Creates and registers every metric on a new registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        Self::on(Registry::new())
+    }
+
+    /// Like [`ProxyMetrics::new`], every series labelled `sandbox="<id>"`: for the proxy that
+    /// `sandgate run` starts for one sandbox. The id is Sandgate's, never the sandbox's word.
+    pub fn for_sandbox(id: &str) -> Result<Self, prometheus::Error> {
+        let labels = std::collections::HashMap::from([("sandbox".to_owned(), id.to_owned())]);
+        Self::on(Registry::new_custom(None, Some(labels))?)
+    }
+
+    fn on(registry: Registry) -> Result<Self, prometheus::Error> {
         let connections = IntCounterVec::new(
             Opts::new(
                 "sandgate_proxy_connections_total",
@@ -117,5 +127,22 @@ impl ProxyMetrics {
         // Encoding into a Vec cannot fail for the text format.
         let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_proxy_labels_every_series() {
+        let m = ProxyMetrics::for_sandbox("a1b2c3").unwrap();
+        m.connections.with_label_values(&["transparent", "default", "enforce", "deny", "host_not_allowed"]).inc();
+        let text = String::from_utf8(m.encode()).unwrap();
+        let line = text.lines().find(|l| l.starts_with("sandgate_proxy_connections_total{")).unwrap();
+        assert!(line.contains("sandbox=\"a1b2c3\"") && line.ends_with(" 1"), "{line}");
+        assert!(text.contains("sandgate_build_info{version=\"0.1.0\",sandbox=\"a1b2c3\"} 1"), "{text}");
+        let plain = String::from_utf8(ProxyMetrics::new().unwrap().encode()).unwrap();
+        assert!(!plain.contains("sandbox="), "{plain}");
     }
 }
