@@ -296,6 +296,39 @@ fn a_policy_with_credentials_needs_the_vault_before_listening() {
     assert!(!err.contains(CANARY));
 }
 
+/// A TLS connection to `host:port` through the proxy's CONNECT, trusting only the CA in
+/// `ca` (Sandgate's), offering `alpn`.
+async fn tls_through(
+    proxy: std::net::SocketAddr,
+    host: &str,
+    port: u16,
+    ca: &std::path::Path,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("CONNECT {host}:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(s.read_u8().await.unwrap());
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).unwrap();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, s).await.unwrap()
+}
+
 /// An HTTPS origin that accepts a WebSocket upgrade and then echoes raw bytes.
 async fn websocket_origin(pki: &Pki) -> std::net::SocketAddr {
     use http_body_util::Full;
@@ -340,7 +373,6 @@ async fn websocket_origin(pki: &Pki) -> std::net::SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_upgrade_passes_through_an_intercepted_host() {
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let pki = Pki::new();
     let origin = websocket_origin(&pki).await;
@@ -348,24 +380,7 @@ async fn a_websocket_upgrade_passes_through_an_intercepted_host() {
     let b = Broker::new(&[("origin-token", CANARY), ("git-token", "unused-git-token")]);
     let p = b.proxy(&credential_policy(&[port], ""), &pki);
 
-    let mut s = tokio::net::TcpStream::connect(p.explicit).await.unwrap();
-    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        head.push(s.read_u8().await.unwrap());
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&b.ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let config =
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, s).await.unwrap();
+    let mut tls = tls_through(p.explicit, "origin.test", port, &b.ca, &[]).await;
     tls.write_all(
         b"GET /ws HTTP/1.1\r\nHost: origin.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
     )
@@ -408,8 +423,6 @@ impl hyper::body::Body for WithTrailers {
 async fn http2_end_to_end_with_trailers_forwarded() {
     use http_body_util::BodyExt;
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    use rustls::pki_types::{CertificateDer, pem::PemObject};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // An origin that speaks HTTP/2 (so the broker's origin side is HTTP/2 too) and ends its
     // response with a trailer, as gRPC does.
     let pki = Pki::new();
@@ -447,25 +460,7 @@ async fn http2_end_to_end_with_trailers_forwarded() {
     let p = b.proxy(&credential_policy(&[port], ""), &pki);
 
     // An HTTP/2 client through CONNECT, trusting only Sandgate's CA.
-    let mut s = tokio::net::TcpStream::connect(p.explicit).await.unwrap();
-    s.write_all(format!("CONNECT origin.test:{port} HTTP/1.1\r\n\r\n").as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        head.push(s.read_u8().await.unwrap());
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&b.ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("origin.test").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, s).await.unwrap();
+    let tls = tls_through(p.explicit, "origin.test", port, &b.ca, &[b"h2"]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "the broker offers h2 to the sandbox");
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await.unwrap();

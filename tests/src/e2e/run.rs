@@ -10,6 +10,36 @@ use crate::support::netns::{in_ns, privileged, run};
 use crate::support::origin;
 use crate::support::proxy::sandgate_bin;
 
+/// A gateway network namespace of the test's own (lo up), deleted on drop: `sandgate run` in
+/// it makes its sandboxes there, so the machine's root namespace is never touched.
+struct Gateway(String);
+
+impl Gateway {
+    fn new(prefix: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!("{prefix}-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
+        run(&["ip", "netns", "add", &name]);
+        let g = Self(name);
+        run(&["ip", "-n", &g.0, "link", "set", "lo", "up"]);
+        g
+    }
+
+    /// A non-blocking listener on the gateway's loopback, for an origin the proxy dials.
+    fn loopback_listener(&self) -> TcpListener {
+        in_ns(&self.0, || {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.set_nonblocking(true).unwrap();
+            l
+        })
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
 /// The state directory every `sandgate run` test shares, and a lock that runs them one at a
 /// time: the reaper treats a `sandgate-*` resource that no live sandbox of *its* database owns as
 /// an orphan, so two tests with separate databases would reap each other's sandboxes.
@@ -27,22 +57,9 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
         return;
     }
     let (_lock, state) = exclusive_state();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let gw = format!("sg-run-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
-    run(&["ip", "netns", "add", &gw]);
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _cleanup = Cleanup(gw.clone());
-    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
-    let listener = in_ns(&gw, || {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        l
-    });
+    let gateway = Gateway::new("sg-run");
+    let gw = gateway.0.clone();
+    let listener = gateway.loopback_listener();
     let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
     let port = o.addr.port();
     let dir = tempfile::tempdir().unwrap();
@@ -169,17 +186,8 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
         return;
     }
     let (_lock, state) = exclusive_state();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let gw = format!("sg-reap-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
-    run(&["ip", "netns", "add", &gw]);
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _cleanup = Cleanup(gw.clone());
-    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let gateway = Gateway::new("sg-reap");
+    let gw = gateway.0.clone();
     let sandgate = |args: &[&str]| {
         let mut c = Command::new("nsenter");
         c.arg(format!("--net=/var/run/netns/{gw}"))
@@ -246,24 +254,11 @@ async fn sandgate_run_injects_credentials_and_trusts_sandgate_ca() {
     }
     const CANARY: &str = "ghp_CANARYrunCANARY0123456789abcdefAB";
     let (_lock, state) = exclusive_state();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let gw = format!("sg-runc-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
-    run(&["ip", "netns", "add", &gw]);
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _cleanup = Cleanup(gw.clone());
-    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
+    let gateway = Gateway::new("sg-runc");
+    let gw = gateway.0.clone();
     let pki = crate::support::pki::Pki::new();
     let seen: origin::Seen = Default::default();
-    let listener = in_ns(&gw, || {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        l
-    });
+    let listener = gateway.loopback_listener();
     let port = listener.local_addr().unwrap().port();
     let _o = origin::serve_recording(
         tokio::net::TcpListener::from_std(listener).unwrap(),
@@ -323,16 +318,8 @@ async fn a_sandbox_pauses_resumes_and_is_removed_with_its_work_kept() {
         return;
     }
     let (_lock, state) = exclusive_state();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let gw = format!("sg-pause-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
-    run(&["ip", "netns", "add", &gw]);
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _cleanup = Cleanup(gw.clone());
+    let gateway = Gateway::new("sg-pause");
+    let gw = gateway.0.clone();
     let workspace = tempfile::tempdir().unwrap();
     let sandgate = |args: &[&str]| {
         let out = Command::new(sandgate_bin()).args(args).arg("--state").arg(&state).output().unwrap();
@@ -402,22 +389,9 @@ async fn a_created_sandbox_runs_commands_until_removed() {
         return;
     }
     let (_lock, state) = exclusive_state();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let gw = format!("sg-exec-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
-    run(&["ip", "netns", "add", &gw]);
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _cleanup = Cleanup(gw.clone());
-    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
-    let listener = in_ns(&gw, || {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        l
-    });
+    let gateway = Gateway::new("sg-exec");
+    let gw = gateway.0.clone();
+    let listener = gateway.loopback_listener();
     let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
     let port = o.addr.port();
     let dir = tempfile::tempdir().unwrap();
@@ -498,22 +472,9 @@ async fn sandgate_run_under_gvisor() {
         return;
     }
     let (_lock, state) = exclusive_state();
-    static N: AtomicU32 = AtomicU32::new(0);
-    let gw = format!("sg-gv-{:x}{:x}", std::process::id() & 0xfff, N.fetch_add(1, Ordering::Relaxed));
-    run(&["ip", "netns", "add", &gw]);
-    struct Cleanup(String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _cleanup = Cleanup(gw.clone());
-    run(&["ip", "-n", &gw, "link", "set", "lo", "up"]);
-    let listener = in_ns(&gw, || {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        l
-    });
+    let gateway = Gateway::new("sg-gv");
+    let gw = gateway.0.clone();
+    let listener = gateway.loopback_listener();
     let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
     let port = o.addr.port();
     let dir = tempfile::tempdir().unwrap();
