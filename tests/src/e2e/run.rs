@@ -2,6 +2,7 @@
 //! running `sandgate run` is the gateway, so the test starts it inside a namespace of its own.
 
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -32,6 +33,38 @@ impl Gateway {
             l
         })
     }
+
+    /// `sandgate` started in the gateway namespace; nsenter rather than `ip netns exec`, which
+    /// mounts a fresh /sys and hides the cgroups.
+    fn sandgate(&self) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/var/run/netns/{}", self.0)).arg(sandgate_bin());
+        c
+    }
+
+    /// A plain-HTTP origin on the gateway's loopback, and a policy file (in a fresh directory)
+    /// that allows only its port.
+    fn plain_origin(&self) -> (origin::Origin, tempfile::TempDir, PathBuf) {
+        let o = origin::serve(tokio::net::TcpListener::from_std(self.loopback_listener()).unwrap(), "plain", None);
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(&policy, loopback_policy(&[o.addr.port()])).unwrap();
+        (o, dir, policy)
+    }
+}
+
+/// The exit status, stdout and stderr of a finished command.
+fn outcome(out: std::process::Output) -> (Option<i32>, String, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The network namespaces `ip netns list` shows.
+fn netns_list() -> String {
+    run(&["ip", "netns", "list"])
 }
 
 impl Drop for Gateway {
@@ -43,7 +76,7 @@ impl Drop for Gateway {
 /// The state directory every `sandgate run` test shares, and a lock that runs them one at a
 /// time: the reaper treats a `sandgate-*` resource that no live sandbox of *its* database owns as
 /// an orphan, so two tests with separate databases would reap each other's sandboxes.
-fn exclusive_state() -> (std::fs::File, std::path::PathBuf) {
+fn exclusive_state() -> (std::fs::File, PathBuf) {
     let dir = std::env::temp_dir().join("sandgate-run-tests");
     std::fs::create_dir_all(&dir).unwrap();
     let lock = std::fs::File::create(dir.join("lock")).unwrap();
@@ -58,20 +91,13 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
     }
     let (_lock, state) = exclusive_state();
     let gateway = Gateway::new("sg-run");
-    let gw = gateway.0.clone();
-    let listener = gateway.loopback_listener();
-    let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
+    let (o, dir, policy) = gateway.plain_origin();
     let port = o.addr.port();
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, loopback_policy(&[port])).unwrap();
     let workspace = dir.path().join("ws");
     std::fs::create_dir(&workspace).unwrap();
-    // nsenter rather than `ip netns exec`, which mounts a fresh /sys and hides the cgroups.
     let sandgate_run_with = |limits: &[&str], script: &str| {
-        let out = Command::new("nsenter")
-            .arg(format!("--net=/var/run/netns/{gw}"))
-            .arg(sandgate_bin())
+        let out = gateway
+            .sandgate()
             .arg("run")
             .arg("--policy")
             .arg(&policy)
@@ -83,11 +109,7 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
             .args(["--", "sh", "-c", script])
             .output()
             .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        outcome(out)
     };
     let sandgate_run = |script: &str| sandgate_run_with(&[], script);
 
@@ -134,9 +156,8 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
     assert_eq!((code, out.as_str()), (Some(0), "kept\n"));
     // Its size is enforced by its filesystem: writing past it fails with ENOSPC.
     let small = dir.path().join("small");
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{gw}"))
-        .arg(sandgate_bin())
+    let out = gateway
+        .sandgate()
         .args(["run", "--policy"])
         .arg(&policy)
         .arg("--state")
@@ -173,10 +194,9 @@ async fn sandgate_run_reaches_only_what_the_policy_allows() {
             .unwrap_or_default();
         assert!(!entries.iter().any(|e| e.starts_with("sandgate-")), "{controller}: {entries:?}");
     }
-    let namespaces =
-        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+    let namespaces = netns_list();
     assert!(!namespaces.lines().any(|l| l.starts_with("sandgate-")), "{namespaces}");
-    let tables = run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]);
+    let tables = run(&["ip", "netns", "exec", &gateway.0, "nft", "list", "tables"]);
     assert!(!tables.contains("sandgate"), "{tables}");
 }
 
@@ -187,15 +207,9 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
     }
     let (_lock, state) = exclusive_state();
     let gateway = Gateway::new("sg-reap");
-    let gw = gateway.0.clone();
     let sandgate = |args: &[&str]| {
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/var/run/netns/{gw}"))
-            .arg(sandgate_bin())
-            .arg(args[0])
-            .arg("--state")
-            .arg(&state)
-            .args(&args[1..]);
+        let mut c = gateway.sandgate();
+        c.arg(args[0]).arg("--state").arg(&state).args(&args[1..]);
         c
     };
     let workspace = tempfile::tempdir().unwrap();
@@ -209,8 +223,7 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
     // Wait until the sandbox exists, then kill its owner the hard way.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let netns = loop {
-        let list =
-            String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+        let list = netns_list();
         if let Some(ns) = list.lines().filter_map(|l| l.split_whitespace().next()).find(|n| n.starts_with("sandgate-"))
         {
             break ns.to_owned();
@@ -222,7 +235,7 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     owner.kill().unwrap();
     owner.wait().unwrap();
-    let tables = run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]);
+    let tables = run(&["ip", "netns", "exec", &gateway.0, "nft", "list", "tables"]);
     assert!(tables.contains(&format!("sandgate-{id}")), "the crash left its table: {tables}");
     let groups = |id: &str| {
         ["pids", "cpu"].iter().any(|c| std::path::Path::new(&format!("/sys/fs/cgroup/{c}/sandgate-{id}")).exists())
@@ -236,10 +249,9 @@ async fn the_reaper_removes_what_a_killed_owner_left() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(said.contains(&format!("removed sandbox {id} (owner_died, was running)")), "{said}");
-    let list =
-        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+    let list = netns_list();
     assert!(!list.contains(&netns), "namespace left: {list}");
-    assert!(!run(&["ip", "netns", "exec", &gw, "nft", "list", "tables"]).contains("sandgate-"), "table left");
+    assert!(!run(&["ip", "netns", "exec", &gateway.0, "nft", "list", "tables"]).contains("sandgate-"), "table left");
     assert!(!groups(&id), "cgroups left");
     assert!(!mounted(&id), "workspace still mounted");
     // Idempotent: a second pass finds nothing.
@@ -255,7 +267,6 @@ async fn sandgate_run_injects_credentials_and_trusts_sandgate_ca() {
     const CANARY: &str = "ghp_CANARYrunCANARY0123456789abcdefAB";
     let (_lock, state) = exclusive_state();
     let gateway = Gateway::new("sg-runc");
-    let gw = gateway.0.clone();
     let pki = crate::support::pki::Pki::new();
     let seen: origin::Seen = Default::default();
     let listener = gateway.loopback_listener();
@@ -277,9 +288,8 @@ async fn sandgate_run_injects_credentials_and_trusts_sandgate_ca() {
         ),
     )
     .unwrap();
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{gw}"))
-        .arg(sandgate_bin())
+    let out = gateway
+        .sandgate()
         .args(["run", "--policy"])
         .arg(&policy)
         .arg("--state")
@@ -319,15 +329,13 @@ async fn a_sandbox_pauses_resumes_and_is_removed_with_its_work_kept() {
     }
     let (_lock, state) = exclusive_state();
     let gateway = Gateway::new("sg-pause");
-    let gw = gateway.0.clone();
     let workspace = tempfile::tempdir().unwrap();
     let sandgate = |args: &[&str]| {
         let out = Command::new(sandgate_bin()).args(args).arg("--state").arg(&state).output().unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
     };
-    let mut owner = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{gw}"))
-        .arg(sandgate_bin())
+    let mut owner = gateway
+        .sandgate()
         .args(["run", "--state"])
         .arg(&state)
         .arg("--workspace")
@@ -369,9 +377,8 @@ async fn a_sandbox_pauses_resumes_and_is_removed_with_its_work_kept() {
     let (_, ls) = sandgate(&["sandbox", "ls"]);
     assert!(ls.contains(&format!("{id}   stopped   removed")), "{ls}");
     // The work survives: the next run on the same workspace reads the counter.
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{gw}"))
-        .arg(sandgate_bin())
+    let out = gateway
+        .sandgate()
         .args(["run", "--state"])
         .arg(&state)
         .arg("--workspace")
@@ -390,29 +397,11 @@ async fn a_created_sandbox_runs_commands_until_removed() {
     }
     let (_lock, state) = exclusive_state();
     let gateway = Gateway::new("sg-exec");
-    let gw = gateway.0.clone();
-    let listener = gateway.loopback_listener();
-    let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
+    let (o, dir, policy) = gateway.plain_origin();
     let port = o.addr.port();
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, loopback_policy(&[port])).unwrap();
     let ws = dir.path().join("ws");
     let sandgate = |args: &[&str]| {
-        let out = Command::new("nsenter")
-            .arg(format!("--net=/var/run/netns/{gw}"))
-            .arg(sandgate_bin())
-            .arg("sandbox")
-            .arg("--state")
-            .arg(&state)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        outcome(gateway.sandgate().arg("sandbox").arg("--state").arg(&state).args(args).output().unwrap())
     };
     let (code, id, err) = sandgate(&[
         "create",
@@ -473,16 +462,10 @@ async fn sandgate_run_under_gvisor() {
     }
     let (_lock, state) = exclusive_state();
     let gateway = Gateway::new("sg-gv");
-    let gw = gateway.0.clone();
-    let listener = gateway.loopback_listener();
-    let o = origin::serve(tokio::net::TcpListener::from_std(listener).unwrap(), "plain", None);
+    let (o, dir, policy) = gateway.plain_origin();
     let port = o.addr.port();
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, loopback_policy(&[port])).unwrap();
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{gw}"))
-        .arg(sandgate_bin())
+    let out = gateway
+        .sandgate()
         .args(["run", "--isolation", "gvisor", "--policy"])
         .arg(&policy)
         .arg("--state")

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
@@ -31,17 +30,12 @@ impl Drop for GitServer {
 /// Runs git with a clean environment in `dir`.
 pub(crate) fn git(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new("git");
-    c.current_dir(dir)
+    super::without_preset_proxies(&mut c)
+        .current_dir(dir)
         .args(args)
         .env("HOME", dir)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_TERMINAL_PROMPT", "0")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env_remove("no_proxy")
-        .env_remove("NO_PROXY")
         .env_remove("GIT_SSL_CAINFO")
         .env("GIT_AUTHOR_NAME", "t")
         .env("GIT_AUTHOR_EMAIL", "t@example.test")
@@ -117,17 +111,7 @@ pub(crate) async fn server_with(
                         Ok::<_, Infallible>(cgi(&root, req).await)
                     }
                 });
-                let builder = hyper::server::conn::http1::Builder::new();
-                match tls {
-                    Some(acceptor) => {
-                        if let Ok(s) = acceptor.accept(stream).await {
-                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
-                        }
-                    }
-                    None => {
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                    }
-                }
+                super::origin::serve_http1(stream, tls, service).await;
             });
         }
     });

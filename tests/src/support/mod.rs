@@ -9,19 +9,21 @@ pub(crate) mod proxy;
 
 use std::process::Command;
 
+/// Clears the proxy variables a machine may preset, so a client goes only where its test says.
+pub(crate) fn without_preset_proxies(c: &mut Command) -> &mut Command {
+    for var in ["http_proxy", "https_proxy", "HTTPS_PROXY", "ALL_PROXY", "no_proxy", "NO_PROXY"] {
+        c.env_remove(var);
+    }
+    c
+}
+
 /// Runs curl with `args` and returns (HTTP status or 0, stdout, stderr). CA variables preset
 /// on the machine are cleared so each test's own CA is the only one trusted.
 pub(crate) fn curl(args: &[&str]) -> (u16, String, String) {
-    let out = Command::new("curl")
+    let out = without_preset_proxies(&mut Command::new("curl"))
         .env_remove("SSL_CERT_FILE")
         .env_remove("SSL_CERT_DIR")
         .env_remove("CURL_CA_BUNDLE")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env_remove("no_proxy")
-        .env_remove("NO_PROXY")
         .args(["-s", "-S", "--max-time", "10", "-w", "\n%{http_code} %{http_connect}"])
         .args(args)
         .output()

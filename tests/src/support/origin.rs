@@ -57,6 +57,25 @@ pub(crate) fn serve_recording(
     serve_inner(listener, name, tls, Some(seen))
 }
 
+/// Serves one HTTP/1.1 connection, over TLS when an acceptor is given; a failed handshake or
+/// a dropped connection just ends it.
+pub(crate) async fn serve_http1<S>(stream: tokio::net::TcpStream, tls: Option<tokio_rustls::TlsAcceptor>, service: S)
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Full<Bytes>>, Error = Infallible>,
+{
+    let builder = hyper::server::conn::http1::Builder::new();
+    match tls {
+        Some(acceptor) => {
+            if let Ok(s) = acceptor.accept(stream).await {
+                let _ = builder.serve_connection(TokioIo::new(s), service).await;
+            }
+        }
+        None => {
+            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+        }
+    }
+}
+
 /// Serves on an already bound listener (one made inside a network namespace, say).
 pub(crate) fn serve(listener: TcpListener, name: &'static str, tls: Option<tokio_rustls::TlsAcceptor>) -> Origin {
     serve_inner(listener, name, tls, None)
@@ -87,17 +106,7 @@ fn serve_inner(
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
                     }
                 });
-                let builder = hyper::server::conn::http1::Builder::new();
-                match tls {
-                    Some(acceptor) => {
-                        if let Ok(s) = acceptor.accept(stream).await {
-                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
-                        }
-                    }
-                    None => {
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                    }
-                }
+                serve_http1(stream, tls, service).await;
             });
         }
     });
