@@ -55,6 +55,14 @@ pub(crate) enum Command {
     /// Check, explain or print policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Install the in-pod redirect of a Kubernetes sidecar (the init container's job).
+    ///
+    /// In the pod's network namespace: all outbound TCP to the sidecar's transparent port, DNS
+    /// to its DNS port, the proxy's UID exempt, every other outbound packet dropped, and nothing
+    /// new inbound except the admin port (probes). Idempotent: a second run changes nothing.
+    /// nftables where the kernel has it (runc, Kata), else iptables-legacy (gVisor). Needs
+    /// NET_ADMIN and NET_RAW.
+    Init(InitArgs),
     /// Create or print Sandgate's certificate authority (for intercepted hosts).
     ///
     /// `ca init` makes an ECDSA P-256 CA and seals its key in the vault; `ca cert` prints the
@@ -176,6 +184,40 @@ pub(crate) enum SandboxCommand {
         /// The sandbox's id.
         id: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct InitArgs {
+    /// The UID the sidecar proxy runs as; its connections are not redirected. The webhook
+    /// refuses app containers that run as this UID.
+    #[arg(long, value_name = "UID", default_value_t = 4750, env = "SANDGATE_PROXY_UID")]
+    pub(crate) proxy_uid: u32,
+    /// The sidecar's transparent listener port (on loopback).
+    #[arg(long, value_name = "PORT", default_value_t = 4751, env = "SANDGATE_TRANSPARENT_PORT")]
+    pub(crate) transparent_port: u16,
+    /// The sidecar's DNS port (on loopback).
+    #[arg(long, value_name = "PORT", default_value_t = 4753, env = "SANDGATE_DNS_PORT")]
+    pub(crate) dns_port: u16,
+    /// Inbound TCP ports left open (the sidecar's admin port, for the kubelet's probes).
+    #[arg(long, value_name = "PORT", default_value = "4752", value_delimiter = ',', env = "SANDGATE_INBOUND_PORTS")]
+    pub(crate) inbound_ports: Vec<u16>,
+    /// The packet filter: `auto` uses nftables when it works, else iptables-legacy.
+    #[arg(long, value_enum, default_value = "auto", env = "SANDGATE_FIREWALL")]
+    pub(crate) firewall: Firewall,
+    /// Print the rules instead of installing them.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+/// Packet filters `sandgate init` can program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Firewall {
+    /// nftables if `nft list tables` works, else iptables-legacy.
+    Auto,
+    /// nftables (runc, Kata).
+    Nftables,
+    /// iptables-legacy (gVisor; no comment or conntrack matches).
+    IptablesLegacy,
 }
 
 #[derive(Debug, Args)]

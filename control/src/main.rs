@@ -31,6 +31,47 @@ const EXIT_BAD_POLICY: u8 = 65;
 /// Exit status when a listener cannot be bound or the proxy cannot start (EX_UNAVAILABLE).
 const EXIT_CANNOT_START: u8 = 69;
 
+/// `sandgate init`: installs (or prints) the sidecar's in-pod redirect.
+fn init(args: &cli::InitArgs) -> ExitCode {
+    use sandgate_sidecar::redirect::{self, Backend, RedirectConfig};
+    let config = RedirectConfig {
+        proxy_uid: args.proxy_uid,
+        transparent_port: args.transparent_port,
+        dns_port: args.dns_port,
+        inbound_ports: args.inbound_ports.clone(),
+    };
+    let mut system = sandgate_sidecar::System;
+    let backend = match args.firewall {
+        cli::Firewall::Nftables => Backend::Nftables,
+        cli::Firewall::IptablesLegacy => Backend::IptablesLegacy,
+        cli::Firewall::Auto if args.dry_run => Backend::Nftables,
+        cli::Firewall::Auto => redirect::detect(&mut system),
+    };
+    if args.dry_run {
+        match backend {
+            Backend::Nftables => print!("{}", config.nft()),
+            Backend::IptablesLegacy => print!("{}", config.iptables()),
+        }
+        return ExitCode::SUCCESS;
+    }
+    match redirect::apply(&mut system, &config, backend) {
+        Ok(()) => {
+            tracing::info!(
+                ?backend,
+                proxy_uid = config.proxy_uid,
+                transparent_port = config.transparent_port,
+                dns_port = config.dns_port,
+                "redirect installed: outbound TCP and DNS go to the proxy"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sandgate init: {e} (the init container needs NET_ADMIN and NET_RAW)");
+            ExitCode::from(EXIT_CANNOT_START)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -104,6 +145,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Secret(args) => secret(args),
+        Command::Init(args) => init(&args),
         Command::Sandbox(args) => match state::State::open(&args.state) {
             Ok(s) => match args.command {
                 cli::SandboxCommand::Ls => sandbox::ls(&s),

@@ -4,9 +4,11 @@
 //!
 //! [`rules`] renders the nftables ruleset as text from an [`AttachConfig`] (pure, golden-tested);
 //! [`attach`] creates the sandbox's network namespace and veth and loads the rules, through an
-//! [`attach::Run`] that tests can replace with a recorder.
+//! [`attach::Run`] that tests can replace with a recorder. [`redirect`] is the same idea inside a
+//! Kubernetes pod, for the sidecar's init container.
 
 pub mod attach;
+pub mod redirect;
 pub mod rules;
 
 pub use attach::{AttachError, Attached, Run, System};

@@ -6,6 +6,7 @@ mod cli;
 mod dns;
 mod explicit;
 mod git_http;
+mod init;
 mod intercept;
 mod limits;
 mod reload;

@@ -33,6 +33,7 @@ pub(crate) struct ProxyBuilder {
     netns: Option<String>,
     transparent: Option<String>,
     listen: String,
+    uid: Option<u32>,
 }
 
 /// A running proxy; killed when dropped.
@@ -56,6 +57,7 @@ pub(crate) fn new(policy: &str) -> ProxyBuilder {
         netns: None,
         transparent: None,
         listen: "127.0.0.1:0".into(),
+        uid: None,
     }
 }
 
@@ -84,14 +86,31 @@ impl ProxyBuilder {
         self
     }
 
+    /// Runs the proxy as `uid` (root only; `setpriv`), as a sidecar proxy runs.
+    pub(crate) fn uid(mut self, uid: u32) -> Self {
+        self.uid = Some(uid);
+        self
+    }
+
     pub(crate) fn start(self) -> ProxyProc {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let policy_path = dir.path().join("policy.yaml");
         std::fs::write(&policy_path, &self.policy).unwrap();
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(sandgate_bin());
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(ns) = &self.netns {
+            argv.extend(["ip", "netns", "exec", ns].map(str::to_owned));
+        }
+        if let Some(uid) = self.uid {
+            // The policy must be readable by that user.
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let id = uid.to_string();
+            argv.extend(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"].map(str::to_owned));
+        }
+        let mut cmd = match argv.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(sandgate_bin());
                 c
             }
             None => Command::new(sandgate_bin()),
