@@ -63,6 +63,14 @@ pub(crate) enum Command {
     /// nftables where the kernel has it (runc, Kata), else iptables-legacy (gVisor). Needs
     /// NET_ADMIN and NET_RAW.
     Init(InitArgs),
+    /// Serve the sidecar injector: a mutating admission webhook (AdmissionReview v1, HTTPS).
+    ///
+    /// POST /inject/namespace for pods of namespaces labelled `sandgate.dev/inject=enabled`,
+    /// POST /inject/pod for pods that opt in by label or annotation. Injects `sandgate init` and
+    /// the proxy as a native sidecar; refuses pods that could bypass it (privileged, NET_ADMIN,
+    /// NET_RAW, SETUID, SETGID, host network, the proxy's UID), saying why. The certificate is
+    /// re-read when its files change (cert-manager renewals).
+    Webhook(Box<WebhookArgs>),
     /// Create or print Sandgate's certificate authority (for intercepted hosts).
     ///
     /// `ca init` makes an ECDSA P-256 CA and seals its key in the vault; `ca cert` prints the
@@ -184,6 +192,35 @@ pub(crate) enum SandboxCommand {
         /// The sandbox's id.
         id: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WebhookArgs {
+    /// HTTPS listener for the API server.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443", env = "SANDGATE_WEBHOOK_LISTEN")]
+    pub(crate) listen: SocketAddr,
+    /// The serving certificate (PEM, chain first); cert-manager's `tls.crt`.
+    #[arg(long, value_name = "FILE", default_value = "/etc/sandgate/webhook/tls.crt", env = "SANDGATE_WEBHOOK_CERT")]
+    pub(crate) tls_cert: PathBuf,
+    /// The serving key (PEM); cert-manager's `tls.key`.
+    #[arg(long, value_name = "FILE", default_value = "/etc/sandgate/webhook/tls.key", env = "SANDGATE_WEBHOOK_KEY")]
+    pub(crate) tls_key: PathBuf,
+    /// The Sandgate image injected as init container and proxy.
+    #[arg(long, value_name = "IMAGE", env = "SANDGATE_IMAGE")]
+    pub(crate) image: String,
+    /// The UID the injected proxy runs as (app containers may not use it).
+    #[arg(long, value_name = "UID", default_value_t = 4750, env = "SANDGATE_PROXY_UID")]
+    pub(crate) proxy_uid: u32,
+    /// The ConfigMap (in the pod's namespace) with the policy under `policy.yaml`.
+    #[arg(long, value_name = "NAME", default_value = "sandgate-policy", env = "SANDGATE_POLICY_CONFIGMAP")]
+    pub(crate) policy_configmap: String,
+    /// The ConfigMap (in the pod's namespace) with Sandgate's CA certificate under `ca.crt`.
+    #[arg(long, value_name = "NAME", default_value = "sandgate-ca", env = "SANDGATE_CA_CONFIGMAP")]
+    pub(crate) ca_configmap: String,
+    /// The Secret with `vault.json` and `vault.key`, mounted into the proxy only (for
+    /// credential injection); none unless given.
+    #[arg(long, value_name = "NAME", env = "SANDGATE_VAULT_SECRET")]
+    pub(crate) vault_secret: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@ mod run;
 mod sandbox;
 mod seccomp;
 mod state;
+mod webhook;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -30,6 +31,48 @@ const EXIT_USAGE: u8 = 64;
 const EXIT_BAD_POLICY: u8 = 65;
 /// Exit status when a listener cannot be bound or the proxy cannot start (EX_UNAVAILABLE).
 const EXIT_CANNOT_START: u8 = 69;
+
+/// `sandgate webhook`: serves the sidecar injector until stopped.
+fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
+    let config = sandgate_sidecar::webhook::InjectConfig {
+        image: args.image,
+        proxy_uid: args.proxy_uid,
+        explicit_port: 4750,
+        transparent_port: 4751,
+        admin_port: 4752,
+        dns_port: 4753,
+        policy_configmap: args.policy_configmap,
+        ca_configmap: args.ca_configmap,
+        vault_secret: args.vault_secret,
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandgate webhook: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_CANNOT_START);
+        }
+    };
+    let served = rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let stopped = async move {
+            match term.as_mut() {
+                Some(t) => drop(tokio::select! { _ = t.recv() => (), _ = tokio::signal::ctrl_c() => () }),
+                None => drop(tokio::signal::ctrl_c().await),
+            }
+        };
+        tokio::select! {
+            r = webhook::serve(args.listen, args.tls_cert, args.tls_key, config) => r,
+            () = stopped => Ok(()),
+        }
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandgate webhook: {e}");
+            ExitCode::from(EXIT_CANNOT_START)
+        }
+    }
+}
 
 /// `sandgate init`: installs (or prints) the sidecar's in-pod redirect.
 fn init(args: &cli::InitArgs) -> ExitCode {
@@ -146,6 +189,7 @@ fn main() -> ExitCode {
         }
         Command::Secret(args) => secret(args),
         Command::Init(args) => init(&args),
+        Command::Webhook(args) => run_webhook(*args),
         Command::Sandbox(args) => match state::State::open(&args.state) {
             Ok(s) => match args.command {
                 cli::SandboxCommand::Ls => sandbox::ls(&s),

@@ -10,6 +10,7 @@
 pub mod attach;
 pub mod redirect;
 pub mod rules;
+pub mod webhook;
 
 pub use attach::{AttachError, Attached, Run, System};
 pub use rules::{AttachConfig, SandboxLink};

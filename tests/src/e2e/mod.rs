@@ -13,6 +13,7 @@ mod reload;
 mod run;
 mod tls_checks;
 mod transparent;
+mod webhook;
 
 /// A policy for loopback origins: `origin.test`, `git.test` and `meta.test` (which resolves to
 /// the cloud metadata address) are allowed on `ports`; `other.test` resolves but is not

@@ -2,6 +2,7 @@
 //! git, and (as root) network namespaces.
 
 pub(crate) mod git;
+pub(crate) mod k8s;
 pub(crate) mod netns;
 pub(crate) mod origin;
 pub(crate) mod pki;

@@ -48,6 +48,17 @@ impl Pki {
         Arc::new(config)
     }
 
+    /// A leaf naming `names` written as PEM files `(certificate, key)` under `dir`.
+    pub(crate) fn leaf_files(&self, names: &[&str], dir: &std::path::Path) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (c, k) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+
     /// A rustls client config that trusts only this CA.
     pub(crate) fn client_config(&self) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();

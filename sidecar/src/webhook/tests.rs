@@ -1,0 +1,178 @@
+//! The injector against a real AdmissionReview document: the patch applied with a JSON-patch
+//! library, idempotence, every refusal, and pods that are not opted in.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+fn config() -> InjectConfig {
+    InjectConfig {
+        image: "ghcr.io/sandgate/sandgate:0.1.0".into(),
+        proxy_uid: 4750,
+        explicit_port: 4750,
+        transparent_port: 4751,
+        admin_port: 4752,
+        dns_port: 4753,
+        policy_configmap: "sandgate-policy".into(),
+        ca_configmap: "sandgate-ca".into(),
+        vault_secret: Some("sandgate-vault".into()),
+    }
+}
+
+fn request() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/admission/pod-create.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The request with its pod changed by `f`.
+fn with_pod(f: impl FnOnce(&mut Value)) -> Value {
+    let mut r = request();
+    f(&mut r["request"]["object"]);
+    r
+}
+
+/// The pod after the webhook's patch, as the API server would store it.
+fn injected(request: &Value, scope: Scope) -> Value {
+    let (response, verdict) = review(request, scope, &config()).unwrap();
+    assert!(matches!(verdict, Verdict::Patch(_)), "{verdict:?}");
+    let r = &response["response"];
+    assert_eq!(r["uid"], request["request"]["uid"]);
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["patchType"], "JSONPatch");
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(r["patch"].as_str().unwrap()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut pod = request["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    pod
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect()
+}
+
+#[test]
+fn a_pod_in_an_opted_in_namespace_gets_the_sidecar() {
+    let pod = injected(&request(), Scope::Namespace);
+    let spec = &pod["spec"];
+    // Redirect first, then the proxy as a native sidecar, then the pod's own init containers.
+    assert_eq!(names(&spec["initContainers"]), [INIT_NAME, PROXY_NAME, "fetch-tools"]);
+    let init = &spec["initContainers"][0];
+    assert_eq!(init["args"][0], "init");
+    assert_eq!(init["securityContext"]["capabilities"]["add"], json!(["NET_ADMIN", "NET_RAW"]));
+    let proxy = &spec["initContainers"][1];
+    assert_eq!(proxy["restartPolicy"], "Always");
+    assert_eq!(proxy["startupProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(proxy["securityContext"]["runAsUser"], 4750);
+    assert!(proxy["volumeMounts"].to_string().contains("sandgate-vault"));
+    // The policy and the CA come from ConfigMaps; the vault from a Secret only the proxy mounts.
+    assert_eq!(names(&spec["volumes"]), ["sandgate-policy", "sandgate-ca", "sandgate-vault"]);
+    for c in spec["containers"].as_array().unwrap().iter().chain([&spec["initContainers"][2]]) {
+        assert!(!c.to_string().contains("sandgate-vault"), "{c}");
+        assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/sandgate/ca");
+        let env = &c["env"];
+        for var in TRUST_VARS {
+            assert!(env.as_array().unwrap().iter().any(|e| e["name"] == var), "{var} missing in {c}");
+        }
+    }
+    // A variable the container set itself is kept, not doubled.
+    let agent = &spec["containers"][0];
+    let ssl: Vec<&Value> = agent["env"].as_array().unwrap().iter().filter(|e| e["name"] == "SSL_CERT_FILE").collect();
+    assert_eq!(ssl, [&json!({"name": "SSL_CERT_FILE", "value": "/etc/ssl/custom.pem"})]);
+    // Capabilities: kept where the container says something, all dropped where it says nothing.
+    assert_eq!(agent["securityContext"]["capabilities"], json!({"add": ["CHOWN"], "drop": ["ALL"]}));
+    assert_eq!(agent["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        spec["containers"][1]["securityContext"],
+        json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
+    );
+    assert_eq!(pod["metadata"]["annotations"][INJECTED_KEY], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn injecting_twice_adds_nothing() {
+    let pod = injected(&request(), Scope::Namespace);
+    let again = with_pod(|p| *p = pod.clone());
+    let (response, verdict) = review(&again, Scope::Namespace, &config()).unwrap();
+    assert_eq!(verdict, Verdict::Unchanged("already injected"));
+    assert_eq!(response["response"], json!({"uid": again["request"]["uid"], "allowed": true}));
+}
+
+#[test]
+fn a_pod_without_init_containers_or_annotations_gets_them() {
+    let r = with_pod(|p| {
+        p["spec"].as_object_mut().unwrap().remove("initContainers");
+        p["metadata"]["labels"][INJECT_KEY] = json!("enabled");
+    });
+    let pod = injected(&r, Scope::Pod);
+    assert_eq!(names(&pod["spec"]["initContainers"]), [INIT_NAME, PROXY_NAME]);
+}
+
+#[test]
+fn opting_in_and_out() {
+    // Pod scope: only pods that ask (label or annotation) are injected.
+    let (_, v) = review(&request(), Scope::Pod, &config()).unwrap();
+    assert_eq!(v, Verdict::Unchanged("neither the pod nor its namespace opts in"));
+    let r = with_pod(|p| p["metadata"]["annotations"] = json!({INJECT_KEY: "true"}));
+    injected(&r, Scope::Pod);
+    // An opted-in namespace still lets a pod opt out.
+    let r = with_pod(|p| p["metadata"]["annotations"] = json!({INJECT_KEY: "false"}));
+    let (_, v) = review(&r, Scope::Namespace, &config()).unwrap();
+    assert_eq!(v, Verdict::Unchanged("the pod opts out"));
+    // Not a pod creation: admitted unchanged.
+    let mut r = request();
+    r["request"]["operation"] = json!("UPDATE");
+    assert_eq!(review(&r, Scope::Namespace, &config()).unwrap().1, Verdict::Unchanged("not a pod being created"));
+}
+
+#[test]
+fn pods_that_could_bypass_the_proxy_are_refused() {
+    type Change = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Change)> = vec![
+        (
+            "adds the capability NET_ADMIN",
+            Box::new(|p| {
+                p["spec"]["containers"][1]["securityContext"] = json!({"capabilities": {"add": ["NET_ADMIN"]}})
+            }),
+        ),
+        (
+            "adds the capability NET_RAW",
+            Box::new(|p| p["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["NET_RAW"])),
+        ),
+        (
+            "adds the capability CAP_SETUID",
+            Box::new(|p| p["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["CAP_SETUID"])),
+        ),
+        (
+            "adds the capability setgid",
+            Box::new(|p| {
+                p["spec"]["initContainers"][0]["securityContext"] = json!({"capabilities": {"add": ["setgid"]}})
+            }),
+        ),
+        (
+            "adds the capability ALL",
+            Box::new(|p| p["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["ALL"])),
+        ),
+        ("is privileged", Box::new(|p| p["spec"]["containers"][1]["securityContext"] = json!({"privileged": true}))),
+        ("hostNetwork: true", Box::new(|p| p["spec"]["hostNetwork"] = json!(true))),
+        ("runs as UID 4750", Box::new(|p| p["spec"]["containers"][0]["securityContext"]["runAsUser"] = json!(4750))),
+        // The pod-level UID counts for containers that do not set their own.
+        ("container `helper` runs as UID 4750", Box::new(|p| p["spec"]["securityContext"]["runAsUser"] = json!(4750))),
+    ];
+    for (why, change) in cases {
+        let r = with_pod(|p| change(p));
+        let (response, verdict) = review(&r, Scope::Namespace, &config()).unwrap();
+        let Verdict::Refuse(message) = verdict else { panic!("{why}: admitted: {verdict:?}") };
+        assert!(message.contains(why), "{why}: {message}");
+        assert_eq!(response["response"]["allowed"], false);
+        assert_eq!(response["response"]["status"]["code"], 403);
+        assert_eq!(response["response"]["status"]["message"], message.as_str());
+        assert!(response["response"].get("patch").is_none());
+    }
+}
+
+#[test]
+fn a_document_that_is_not_a_review_is_an_error() {
+    assert!(review(&json!({"apiVersion": "admission.k8s.io/v1beta1"}), Scope::Pod, &config()).is_err());
+    assert!(review(&json!({"apiVersion": "admission.k8s.io/v1", "request": {}}), Scope::Pod, &config()).is_err());
+}

@@ -1,0 +1,117 @@
+//! `sandgate webhook` over real HTTPS: a real AdmissionReview document POSTed with curl, the
+//! returned JSON patch applied with a JSON-patch library, and the resulting pod validated
+//! against the Kubernetes schemas (strict). A refused pod and a renewed certificate too.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::support::pki::Pki;
+use crate::support::{k8s, proxy::sandgate_bin};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../sidecar/tests/fixtures/admission/pod-create.json");
+
+struct Webhook {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(cert: &Path, key: &Path) -> Webhook {
+    let mut child = Command::new(sandgate_bin())
+        .args(["webhook", "--listen", "127.0.0.1:0", "--image", "ghcr.io/sandgate/sandgate:test"])
+        .args(["--vault-secret", "sandgate-vault", "--tls-cert"])
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let addr = loop {
+        assert!(Instant::now() < deadline, "webhook did not start");
+        let line = lines.next().expect("webhook exited").unwrap();
+        if let Some(a) = line.split("addr=").nth(1) {
+            break a.trim().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    Webhook { child, addr }
+}
+
+/// POSTs `review` to `path` and returns the AdmissionReview response document.
+fn post(w: &Webhook, ca: &Path, path: &str, review: &Value) -> Value {
+    let resolve = format!("webhook.test:{}:127.0.0.1", w.addr.port());
+    let out = Command::new("curl")
+        .args(["-s", "-S", "--fail", "--noproxy", "*", "--resolve", &resolve, "--cacert"])
+        .arg(ca)
+        .args(["-H", "content-type: application/json", "--data-binary", &review.to_string()])
+        .arg(format!("https://webhook.test:{}{path}", w.addr.port()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_injected_pod_is_valid_and_a_bypassing_pod_is_refused() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = pki.leaf_files(&["webhook.test"], dir.path());
+    let w = start(&cert, &key);
+    let review: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+
+    let answer = post(&w, &pki.ca_path, "/inject/namespace", &review);
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    let response = &answer["response"];
+    assert_eq!(response["uid"], review["request"]["uid"]);
+    assert_eq!(response["allowed"], true);
+    let patch = base64::engine::general_purpose::STANDARD.decode(response["patch"].as_str().unwrap()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut pod = review["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    // The API server fills in the name from generateName before validation.
+    pod["metadata"]["name"] = json!("agent-7c9d8f-x2x9z");
+    k8s::validate("the injected pod", &pod.to_string());
+    let inits: Vec<&str> =
+        pod["spec"]["initContainers"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(inits, ["sandgate-init", "sandgate-proxy", "fetch-tools"]);
+
+    // Sent again (reinvocation), the injected pod is left alone.
+    let mut again = review.clone();
+    again["request"]["object"] = pod;
+    let answer = post(&w, &pki.ca_path, "/inject/namespace", &again);
+    assert_eq!(answer["response"], json!({"uid": review["request"]["uid"], "allowed": true}));
+
+    // A pod that could flush the redirect is refused, saying why.
+    let mut bad = review.clone();
+    bad["request"]["object"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["NET_ADMIN"]);
+    let answer = post(&w, &pki.ca_path, "/inject/namespace", &bad);
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("`agent` adds the capability NET_ADMIN"), "{message}");
+
+    // Not opted in (pod scope, no label or annotation): admitted untouched.
+    let answer = post(&w, &pki.ca_path, "/inject/pod", &review);
+    assert!(answer["response"].get("patch").is_none(), "{answer}");
+
+    // A renewed certificate (cert-manager rewrites the files) is served without a restart.
+    let renewed = Pki::new();
+    std::thread::sleep(Duration::from_millis(20));
+    renewed.leaf_files(&["webhook.test"], dir.path());
+    let answer = post(&w, &renewed.ca_path, "/inject/pod", &review);
+    assert_eq!(answer["response"]["allowed"], true);
+}
