@@ -32,6 +32,20 @@ const EXIT_BAD_POLICY: u8 = 65;
 /// Exit status when a listener cannot be bound or the proxy cannot start (EX_UNAVAILABLE).
 const EXIT_CANNOT_START: u8 = 69;
 
+/// Resolves at SIGTERM (how Kubernetes and systemd stop a process) or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => drop(tokio::signal::ctrl_c().await),
+    }
+}
+
 /// `sandgate webhook`: serves the sidecar injector until stopped.
 fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
     let config = sandgate_sidecar::webhook::InjectConfig {
@@ -53,16 +67,9 @@ fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
         }
     };
     let served = rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let stopped = async move {
-            match term.as_mut() {
-                Some(t) => drop(tokio::select! { _ = t.recv() => (), _ = tokio::signal::ctrl_c() => () }),
-                None => drop(tokio::signal::ctrl_c().await),
-            }
-        };
         tokio::select! {
             r = webhook::serve(args.listen, args.tls_cert, args.tls_key, config) => r,
-            () = stopped => Ok(()),
+            () = stop_signal() => Ok(()),
         }
     });
     match served {
