@@ -71,6 +71,15 @@ pub(crate) enum Command {
     /// NET_RAW, SETUID, SETGID, host network, the proxy's UID), saying why. The certificate is
     /// re-read when its files change (cert-manager renewals).
     Webhook(Box<WebhookArgs>),
+    /// Sandboxes on a Kubernetes cluster: connect, test, create, ls, pause, resume, rm, reap.
+    ///
+    /// Each sandbox is a pod (gVisor runtime class by default, no service-account token, all
+    /// capabilities dropped, RuntimeDefault seccomp, limits, a deadline at its expiry) whose
+    /// NetworkPolicy allows egress only to the Sandgate proxy and no ingress, using the proxy
+    /// with a per-sandbox token. A ConfigMap anchor owns the pod, the policy and the workspace
+    /// claim. The kubeconfig is sealed in the vault by `kube connect`.
+    #[cfg(feature = "kubernetes")]
+    Kube(Box<KubeArgs>),
     /// Create or print Sandgate's certificate authority (for intercepted hosts).
     ///
     /// `ca init` makes an ECDSA P-256 CA and seals its key in the vault; `ca cert` prints the
@@ -192,6 +201,121 @@ pub(crate) enum SandboxCommand {
         /// The sandbox's id.
         id: String,
     },
+}
+
+#[cfg(feature = "kubernetes")]
+#[derive(Debug, Args)]
+pub(crate) struct KubeArgs {
+    #[command(flatten)]
+    pub(crate) vault: VaultArgs,
+    /// The vault secret holding the kubeconfig.
+    #[arg(long, value_name = "NAME", default_value = "kubeconfig", env = "SANDGATE_KUBECONFIG_SECRET", global = true)]
+    pub(crate) kubeconfig_secret: String,
+    /// Accept a kubeconfig whose credentials come from running a program (`exec`, auth
+    /// providers): that program then runs on this host.
+    #[arg(long, global = true)]
+    pub(crate) allow_exec: bool,
+    /// The namespace sandboxes live in (set up by deploy/kubernetes/provider).
+    #[arg(
+        long,
+        value_name = "NS",
+        default_value = "sandgate-sandboxes",
+        env = "SANDGATE_K8S_NAMESPACE",
+        global = true
+    )]
+    pub(crate) namespace: String,
+    /// The runtime class of sandbox pods: `gvisor`, `kata`, ... or `none` for the default.
+    #[arg(long, value_name = "NAME", default_value = "gvisor", env = "SANDGATE_K8S_RUNTIME_CLASS", global = true)]
+    pub(crate) runtime_class: String,
+    /// A storage class for the workspace claim (the workspace then survives pause); without
+    /// it the workspace is an emptyDir and pausing loses it.
+    #[arg(long, value_name = "NAME", env = "SANDGATE_K8S_STORAGE_CLASS", global = true)]
+    pub(crate) storage_class: Option<String>,
+    /// The sandbox image.
+    #[arg(
+        long,
+        value_name = "IMAGE",
+        default_value = "debian:bookworm-slim",
+        env = "SANDGATE_K8S_IMAGE",
+        global = true
+    )]
+    pub(crate) image: String,
+    /// Where sandboxes reach the proxy, `HOST:PORT` (the node agent Service's ClusterIP).
+    #[arg(long, value_name = "HOST:PORT", env = "SANDGATE_K8S_PROXY", global = true)]
+    pub(crate) proxy: Option<String>,
+    /// The proxy pods' namespace (the NetworkPolicy allows egress only to them).
+    #[arg(
+        long,
+        value_name = "NS",
+        default_value = "sandgate-system",
+        env = "SANDGATE_K8S_PROXY_NAMESPACE",
+        global = true
+    )]
+    pub(crate) proxy_namespace: String,
+    /// The proxy pods' `app.kubernetes.io/name` label.
+    #[arg(long, value_name = "NAME", default_value = "sandgate-agent", env = "SANDGATE_K8S_PROXY_APP", global = true)]
+    pub(crate) proxy_app: String,
+    /// The ConfigMap in the sandbox namespace with Sandgate's CA (`ca.crt`).
+    #[arg(long, value_name = "NAME", default_value = "sandgate-ca", env = "SANDGATE_K8S_CA_CONFIGMAP", global = true)]
+    pub(crate) ca_configmap: String,
+    #[command(subcommand)]
+    pub(crate) command: KubeCommand,
+}
+
+#[cfg(feature = "kubernetes")]
+#[derive(Debug, Subcommand)]
+pub(crate) enum KubeCommand {
+    /// Test a kubeconfig and, when every check passes, seal it in the vault.
+    Connect {
+        /// The kubeconfig file (prefer a ServiceAccount token bound to the namespace).
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: PathBuf,
+        /// Save it even when checks fail.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Check the stored connection: API version, namespace, each permission the provider
+    /// needs, the runtime class and the storage class; every failure by name (exit 1).
+    Test,
+    /// Create a sandbox and print its id.
+    Create {
+        /// CPUs (requests = limits).
+        #[arg(long, value_name = "N", default_value_t = crate::limits::DEFAULT_CPUS)]
+        cpus: f64,
+        /// Memory (requests = limits), e.g. 2048M.
+        #[arg(long, value_name = "SIZE", default_value = "2048M", value_parser = crate::limits::parse_size)]
+        memory: u64,
+        /// Workspace size: the claim's size, or the ephemeral-storage limit without one.
+        #[arg(long, value_name = "SIZE", default_value = "10240M", value_parser = crate::limits::parse_size)]
+        disk: u64,
+        /// Lifetime, at most 6h (the pod's activeDeadlineSeconds; the reaper removes the rest).
+        #[arg(long, value_name = "DURATION", default_value = "6h", value_parser = parse_lifetime)]
+        lifetime: Duration,
+        /// The policy profile the proxy gives this sandbox.
+        #[arg(long, value_name = "NAME", default_value = "default")]
+        profile: String,
+    },
+    /// List sandboxes in the namespace.
+    #[command(alias = "list")]
+    Ls,
+    /// Delete a sandbox's pod and keep its workspace claim.
+    Pause {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Recreate a paused sandbox's pod on its claim, with the lifetime that remains.
+    Resume {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Delete a sandbox and everything it owns.
+    #[command(alias = "remove")]
+    Rm {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Delete expired sandboxes (paused ones too) and orphaned pods, claims and policies.
+    Reap,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,8 @@
 
 mod cli;
 mod disk;
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
 mod limits;
 mod reaper;
 mod run;
@@ -122,6 +124,16 @@ fn init(args: &cli::InitArgs) -> ExitCode {
     }
 }
 
+/// Whether the command handles a kubeconfig (sealed secrets in memory).
+fn is_kube(command: &Command) -> bool {
+    #[cfg(feature = "kubernetes")]
+    if matches!(command, Command::Kube(_)) {
+        return true;
+    }
+    let _ = command;
+    false
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -134,7 +146,9 @@ fn main() -> ExitCode {
     // `sandgate run` passes the command's stdout through, so its connection log goes to stderr.
     init_logging(cli.log_format, matches!(cli.command, Command::Run(_)));
     // Every command that may open the vault keeps its memory out of core dumps.
-    if matches!(cli.command, Command::Proxy(_) | Command::Run(_) | Command::Secret(_) | Command::Ca(_)) {
+    if matches!(cli.command, Command::Proxy(_) | Command::Run(_) | Command::Secret(_) | Command::Ca(_))
+        || is_kube(&cli.command)
+    {
         for refused in sandgate_vault::protect_process_memory() {
             tracing::warn!("cannot protect process memory ({refused}); a core dump could hold secrets");
         }
@@ -197,6 +211,8 @@ fn main() -> ExitCode {
         Command::Secret(args) => secret(args),
         Command::Init(args) => init(&args),
         Command::Webhook(args) => run_webhook(*args),
+        #[cfg(feature = "kubernetes")]
+        Command::Kube(args) => kubernetes::main(*args),
         Command::Sandbox(args) => match state::State::open(&args.state) {
             Ok(s) => match args.command {
                 cli::SandboxCommand::Ls => sandbox::ls(&s),
@@ -291,7 +307,7 @@ fn secret(args: SecretArgs) -> ExitCode {
     }
 }
 
-fn open_vault(
+pub(crate) fn open_vault(
     vault: &std::path::Path,
     key_file: &std::path::Path,
     create_key: bool,

@@ -144,6 +144,19 @@ fn preflight() -> Result<(), String> {
     Ok(())
 }
 
+/// A sandbox id: six hex digits from four random bytes.
+fn id_from(raw: [u8; 4]) -> String {
+    format!("{:06x}", u32::from_be_bytes(raw) & 0xff_ffff)
+}
+
+/// A new random sandbox id (for providers that need no link slot).
+#[cfg(feature = "kubernetes")]
+pub(crate) fn random_id() -> Result<String, String> {
+    let mut raw = [0u8; 4];
+    rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty()).map_err(|e| format!("random id: {e}"))?;
+    Ok(id_from(raw))
+}
+
 async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     if let Some(p) = &spec.profile
         && spec.policy.profile_id(p).is_none()
@@ -153,7 +166,7 @@ async fn run_inner(spec: RunSpec) -> Result<u8, String> {
     }
     let mut raw = [0u8; 4];
     rustix::rand::getrandom(&mut raw, rustix::rand::GetRandomFlags::empty()).map_err(|e| format!("random id: {e}"))?;
-    let id = format!("{:06x}", u32::from_be_bytes(raw) & 0xff_ffff);
+    let id = id_from(raw);
     // A /30 inside 10.214.0.0/16 chosen by the id: .1 the gateway, .2 the sandbox.
     let slot = u32::from_be_bytes(raw) >> 18; // 14 bits: 16,384 links
     let base = u32::from_be_bytes([LINK_NET[0], LINK_NET[1], 0, 0]) | (slot << 2);

@@ -8,6 +8,7 @@ mod explicit;
 mod git_http;
 mod init;
 mod intercept;
+mod kube;
 mod limits;
 mod reload;
 mod run;

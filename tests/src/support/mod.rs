@@ -3,6 +3,7 @@
 
 pub(crate) mod git;
 pub(crate) mod k8s;
+pub(crate) mod kube_api;
 pub(crate) mod netns;
 pub(crate) mod origin;
 pub(crate) mod pki;
