@@ -517,6 +517,16 @@ pub(crate) struct ProxyArgs {
     /// Time SIGTERM waits for live connections before exiting.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, env = "SANDGATE_DRAIN_TIMEOUT")]
     pub(crate) drain_timeout: Duration,
+    /// Node-agent mode for Kubernetes NODE (from the downward API's spec.nodeName): serve only
+    /// Sandgate's sandbox pods on this node, each recognised by its pod IP and the token in its
+    /// proxy URL (else 407) and given the profile its pod names. Explicit listener only.
+    #[cfg(feature = "kubernetes")]
+    #[arg(long, value_name = "NODE", env = "SANDGATE_NODE_NAME")]
+    pub(crate) node_agent: Option<String>,
+    /// The kubeconfig the node agent watches pods with (default: the in-cluster account).
+    #[cfg(feature = "kubernetes")]
+    #[arg(long, value_name = "FILE", env = "SANDGATE_AGENT_KUBECONFIG", requires = "node_agent")]
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// How often the policy file is checked for changes.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, env = "SANDGATE_POLICY_POLL")]
     pub(crate) policy_poll: Duration,

@@ -34,20 +34,6 @@ const EXIT_BAD_POLICY: u8 = 65;
 /// Exit status when a listener cannot be bound or the proxy cannot start (EX_UNAVAILABLE).
 const EXIT_CANNOT_START: u8 = 69;
 
-/// Resolves at SIGTERM (how Kubernetes and systemd stop a process) or SIGINT.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => drop(tokio::signal::ctrl_c().await),
-    }
-}
-
 /// `sandgate webhook`: serves the sidecar injector until stopped.
 fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
     let config = sandgate_sidecar::webhook::InjectConfig {
@@ -71,7 +57,7 @@ fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
     let served = rt.block_on(async {
         tokio::select! {
             r = webhook::serve(args.listen, args.tls_cert, args.tls_key, config) => r,
-            () = stop_signal() => Ok(()),
+            _ = wait_for_stop() => Ok(()),
         }
     });
     match served {
@@ -423,13 +409,33 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
                 return ExitCode::from(code);
             }
         };
+    #[cfg(feature = "kubernetes")]
+    let agent = match &args.node_agent {
+        Some(_) if !args.sni_relay.is_empty() || args.dns.is_some() => {
+            eprintln!(
+                "sandgate: --node-agent serves the explicit listener only (sandboxes present a token); drop --sni-relay and --dns"
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+        Some(node) => Some((
+            node.clone(),
+            args.kubeconfig.clone(),
+            std::sync::Arc::new(sandgate_proxy::identity::Identities::new()),
+        )),
+        None => None,
+    };
+    #[cfg(feature = "kubernetes")]
+    let (identities, no_transparent) = (agent.as_ref().map(|a| a.2.clone()), args.no_transparent || agent.is_some());
+    #[cfg(not(feature = "kubernetes"))]
+    let (identities, no_transparent) = (None, args.no_transparent);
     let config = ProxyConfig {
         interceptor,
         metrics: Some(metrics),
         sandbox: None,
         profile: None,
+        identities,
         explicit: Some(args.listen),
-        transparent: (!args.no_transparent).then_some(args.transparent),
+        transparent: (!no_transparent).then_some(args.transparent),
         sni_relays: args.sni_relay,
         admin: (!args.no_admin).then_some(args.admin),
         dns: args.dns,
@@ -459,6 +465,23 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_START);
         }
     };
+    #[cfg(feature = "kubernetes")]
+    if let Some((node, kubeconfig, ids)) = agent {
+        return runtime.block_on(async move {
+            let client = match kubernetes::agent::client(kubeconfig.as_deref()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("sandgate: node agent: {e}");
+                    return ExitCode::from(EXIT_CANNOT_START);
+                }
+            };
+            tracing::info!(%node, "node agent: serving Sandgate's sandbox pods on this node");
+            let watcher = tokio::spawn(kubernetes::agent::watch(client, node, ids));
+            let code = serve(config, policy).await;
+            watcher.abort();
+            code
+        });
+    }
     runtime.block_on(serve(config, policy))
 }
 

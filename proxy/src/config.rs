@@ -40,6 +40,11 @@ pub struct ProxyConfig {
     /// The policy profile every client of this proxy gets, when it serves one sandbox; `None`
     /// selects profiles by client address and Proxy-Authorization user.
     pub profile: Option<String>,
+    /// Node-agent mode: the sandboxes this proxy serves, each known by address and token.
+    /// When set, every explicit-proxy request must carry a sandbox's credentials from its own
+    /// address (else 407), and the sandbox's profile applies. Only the explicit listener
+    /// authenticates: do not open transparent or SNI listeners in this mode.
+    pub identities: Option<std::sync::Arc<crate::identity::Identities>>,
 }
 
 /// Limits that keep one client or one connection from disturbing the others.
@@ -110,6 +115,7 @@ impl Default for ProxyConfig {
             metrics: None,
             sandbox: None,
             profile: None,
+            identities: None,
         }
     }
 }

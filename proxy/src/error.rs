@@ -69,6 +69,9 @@ pub enum ProxyError {
     /// The origin's certificate did not verify, or its TLS failed: nothing was sent to it.
     #[error("origin TLS failed, nothing was sent: {0}")]
     UpstreamTls(String),
+    /// Node-agent mode: the client is not a sandbox this proxy serves.
+    #[error("proxy authentication failed: {}", .0.describe())]
+    ProxyAuth(crate::identity::AuthError),
     /// A credential could not be read or applied.
     #[error("credential unavailable: {0}")]
     Credential(String),
@@ -109,6 +112,7 @@ impl ProxyError {
             Self::ClientTls(_) => "client_tls_failed",
             Self::UpstreamTls(_) => "upstream_tls_failed",
             Self::Credential(_) => "credential_unavailable",
+            Self::ProxyAuth(e) => e.as_label(),
         }
     }
 
@@ -124,6 +128,7 @@ impl ProxyError {
             | Self::NoOriginalDestination
             | Self::Idle
             | Self::ClientTls(_)
+            | Self::ProxyAuth(_)
             | Self::Io(_) => Side::Client,
             Self::Resolve { .. }
             | Self::Connect { .. }
@@ -137,6 +142,9 @@ impl ProxyError {
 
     /// The HTTP status an explicit-mode client gets for this failure.
     pub fn status(&self) -> u16 {
+        if let Self::ProxyAuth(_) = self {
+            return 407;
+        }
         match self.side() {
             Side::Client => 400,
             Side::Upstream => match self {

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
@@ -25,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
+use crate::identity::{AuthError, Credential};
 use crate::log::{ConnRecord, Listener, redact_path};
 use crate::shared::{ConnGuard, Refusal, Shared, denial_message, raw_response};
 use crate::sni;
@@ -73,8 +73,8 @@ struct CachedUpstream {
 pub(crate) async fn serve(shared: Arc<Shared>, mut stream: TcpStream, client: SocketAddr, guard: ConnGuard) {
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     match read_first_head(&mut stream, &mut buf, &shared.limits).await {
-        FirstHead::Connect { authority, user, len } => {
-            connect_fast(&shared, stream, client, buf, len, &authority, user, guard).await;
+        FirstHead::Connect { authority, cred, len } => {
+            connect_fast(&shared, stream, client, buf, len, &authority, cred, guard).await;
         }
         FirstHead::Failed(error) => {
             let policy = shared.policy();
@@ -119,14 +119,15 @@ async fn deny_fast(shared: &Shared, stream: &mut TcpStream, client: SocketAddr, 
     let Ok(uri) = head.target.parse::<Uri>() else { return false };
     let Ok((host, port, _)) = http_target(&uri) else { return false };
     let policy = shared.policy();
-    let profile = shared.profile_for(&policy, client.ip(), head.user.as_deref());
+    // Unauthenticated requests are answered (407) on the hyper path.
+    let Ok(profile) = shared.authorize(&policy, client.ip(), head.cred.as_ref()) else { return false };
     let d = policy.decide(profile, &host, port);
     if d.verdict.proceeds() {
         return false;
     }
     let mut rec = shared.record(Listener::Explicit, client);
-    if head.user.is_some() {
-        rec.sandbox = head.user.clone();
+    if let Some(c) = &head.cred {
+        rec.sandbox = Some(c.user.clone());
     }
     rec.method = Some(head.method.clone());
     rec.path = uri.path_and_query().map(|p| redact_path(p.as_str()));
@@ -148,13 +149,13 @@ const MAX_HEADERS: usize = 64;
 struct RequestHead {
     method: String,
     target: String,
-    user: Option<String>,
+    cred: Option<Credential>,
 }
 
 /// What the first request head on a connection is.
 enum FirstHead {
     /// `CONNECT authority`; `len` is the head's length in the buffer.
-    Connect { authority: String, user: Option<String>, len: usize },
+    Connect { authority: String, cred: Option<Credential>, len: usize },
     /// Another request: hyper answers it (after `deny_fast` had its look).
     Request(RequestHead),
     /// Unparsable or closed: hyper answers it.
@@ -175,16 +176,16 @@ async fn read_first_head(stream: &mut TcpStream, buf: &mut BytesMut, limits: &cr
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(buf) {
             Ok(httparse::Status::Complete(len)) => {
-                let user = req
+                let cred = req
                     .headers
                     .iter()
                     .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
                     .and_then(|h| std::str::from_utf8(h.value).ok())
-                    .and_then(basic_user);
+                    .and_then(Credential::from_basic);
                 let target = req.path.unwrap_or("").to_owned();
                 return match req.method {
-                    Some("CONNECT") => FirstHead::Connect { authority: target, user, len },
-                    method => FirstHead::Request(RequestHead { method: method.unwrap_or("").to_owned(), target, user }),
+                    Some("CONNECT") => FirstHead::Connect { authority: target, cred, len },
+                    method => FirstHead::Request(RequestHead { method: method.unwrap_or("").to_owned(), target, cred }),
                 };
             }
             Ok(httparse::Status::Partial) if buf.len() >= limits.max_header_bytes => {
@@ -206,15 +207,23 @@ async fn connect_fast(
     buf: BytesMut,
     head_len: usize,
     authority: &str,
-    user: Option<String>,
+    cred: Option<Credential>,
     guard: ConnGuard,
 ) {
     let policy = shared.policy();
     let mut rec = shared.record(Listener::Explicit, client);
-    let profile = shared.profile_for(&policy, client.ip(), user.as_deref());
-    if user.is_some() {
-        rec.sandbox = user;
+    let authorized = shared.authorize(&policy, client.ip(), cred.as_ref());
+    if let Some(c) = cred {
+        rec.sandbox = Some(c.user);
     }
+    let profile = match authorized {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = stream.write_all(proxy_auth_required(e).as_bytes()).await;
+            rec.fail(&ProxyError::ProxyAuth(e));
+            return rec.finish(&policy, &shared.metrics);
+        }
+    };
     let parsed =
         authority.parse::<http::uri::Authority>().ok().and_then(|a| Some((Host::parse(a.host()).ok()?, a.port_u16()?)));
     let Some((host, port)) = parsed else {
@@ -315,10 +324,30 @@ impl ExplicitConn {
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let policy = self.shared.policy();
         let mut rec = self.shared.record(Listener::Explicit, self.client);
-        if let Some(user) = proxy_user(req.headers()) {
-            rec.sandbox = Some(user);
+        let cred = req
+            .headers()
+            .get(header::PROXY_AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(Credential::from_basic);
+        let authorized = self.shared.authorize(&policy, self.client.ip(), cred.as_ref());
+        if let Some(c) = cred {
+            rec.sandbox = Some(c.user);
         }
-        let profile = self.shared.profile_for(&policy, self.client.ip(), rec.sandbox.as_deref());
+        let profile = match authorized {
+            Ok(p) => p,
+            Err(e) => {
+                let mut r = text_response(
+                    StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                    e.as_label(),
+                    format!("sandgate: {}\n", e.describe()),
+                );
+                r.headers_mut()
+                    .insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"sandgate\""));
+                rec.fail(&ProxyError::ProxyAuth(e));
+                rec.finish(&policy, &self.shared.metrics);
+                return r;
+            }
+        };
         if req.method() == Method::CONNECT {
             self.connect(req, policy, rec, profile).await
         } else {
@@ -670,24 +699,14 @@ pub(crate) async fn finish_tunnel(
     rec.finish(policy, &shared.metrics);
 }
 
-/// The sandbox id in `Proxy-Authorization: Basic base64(id:secret)`; the secret is ignored
-/// here and never logged.
-fn proxy_user(headers: &HeaderMap) -> Option<String> {
-    basic_user(headers.get(header::PROXY_AUTHORIZATION)?.to_str().ok()?)
-}
-
-/// The user of a `Basic` credential, if it is a well-formed sandbox id.
-fn basic_user(v: &str) -> Option<String> {
-    let (scheme, creds) = v.trim().split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(creds.trim()).ok()?;
-    let text = String::from_utf8(decoded).ok()?;
-    let user = text.split_once(':').map_or(text.as_str(), |(u, _)| u);
-    let ok =
-        !user.is_empty() && user.len() <= 128 && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    ok.then(|| user.to_owned())
+/// The 407 answer for a client this proxy does not recognise (node-agent mode).
+fn proxy_auth_required(e: AuthError) -> String {
+    let body = format!("sandgate: {}\n", e.describe());
+    format!(
+        "HTTP/1.1 407 Proxy Authentication Required\r\nproxy-authenticate: Basic realm=\"sandgate\"\r\ncontent-type: text/plain; charset=utf-8\r\n{REASON_HEADER}: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        e.as_label(),
+        body.len()
+    )
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {

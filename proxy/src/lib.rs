@@ -11,6 +11,7 @@ mod connect;
 mod dns;
 mod error;
 mod explicit;
+pub mod identity;
 pub mod intercept;
 pub mod log;
 mod metrics;
@@ -143,7 +144,7 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         None => ProxyMetrics::new()?,
     };
     let (policy_tx, policy_rx) = watch::channel(Arc::new(policy));
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         policy_rx,
         resolver,
         metrics.clone(),
@@ -151,7 +152,9 @@ pub async fn start(config: ProxyConfig, policy: CompiledPolicy) -> Result<Runnin
         config.interceptor.clone(),
         config.sandbox.clone(),
         config.profile.clone(),
-    ));
+    );
+    shared.identities.clone_from(&config.identities);
+    let shared = Arc::new(shared);
     let (stop, stop_rx) = watch::channel(false);
     let find = |k: Listener| bound.iter().find(|(kind, _)| *kind == k).map(|(_, a)| *a);
     let mut running = RunningProxy {

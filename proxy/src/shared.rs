@@ -34,6 +34,7 @@ pub(crate) struct Shared {
     pub(crate) interceptor: Option<Arc<crate::intercept::Interceptor>>,
     pub(crate) sandbox: Option<String>,
     pub(crate) profile: Option<String>,
+    pub(crate) identities: Option<Arc<crate::identity::Identities>>,
     per_client: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -80,6 +81,7 @@ impl Shared {
             interceptor,
             sandbox,
             profile,
+            identities: None,
             per_client: Mutex::new(HashMap::new()),
         }
     }
@@ -100,6 +102,22 @@ impl Shared {
             .as_deref()
             .and_then(|name| policy.profile_id(name))
             .unwrap_or_else(|| policy.select_profile(client, user))
+    }
+
+    /// The profile for an explicit-proxy client: in node-agent mode the one of the sandbox
+    /// whose credentials it presents from that sandbox's address, else [`Shared::profile_for`].
+    pub(crate) fn authorize(
+        &self,
+        policy: &CompiledPolicy,
+        client: IpAddr,
+        cred: Option<&crate::identity::Credential>,
+    ) -> Result<ProfileId, crate::identity::AuthError> {
+        let Some(ids) = &self.identities else {
+            return Ok(self.profile_for(policy, client, cred.map(|c| c.user.as_str())));
+        };
+        let cred = cred.ok_or(crate::identity::AuthError::Missing)?;
+        let profile = ids.check(client, &cred.user, cred.token())?;
+        policy.profile_id(&profile).ok_or(crate::identity::AuthError::UnknownProfile)
     }
 
     /// A new connection record, labelled with the sandbox this proxy serves when it serves one

@@ -3,6 +3,7 @@
 //! opens it in memory. The cluster is the record: labels and annotations on the objects say
 //! which sandbox they belong to and when it expires, so no local state can drift from it.
 
+pub(crate) mod agent;
 pub(crate) mod manifests;
 pub(crate) mod provider;
 

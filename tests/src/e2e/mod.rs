@@ -10,6 +10,7 @@ mod init;
 mod intercept;
 mod kube;
 mod limits;
+mod node_agent;
 mod reload;
 mod run;
 mod tls_checks;

@@ -43,6 +43,8 @@ pub(crate) struct Cluster {
     pub(crate) denied: Vec<(String, String)>,
     /// Cluster-scoped objects that exist: `runtimeclasses/gvisor`, `namespaces/x`, ...
     pub(crate) cluster_objects: Vec<String>,
+    /// Watch events: resource version, collection, `ADDED`/`DELETED`, object.
+    events: Vec<(u64, String, &'static str, Value)>,
     next: u64,
 }
 
@@ -58,6 +60,8 @@ pub(crate) struct FakeApi {
     pub(crate) pki: Pki,
     /// Requests before this index are left out of [`FakeApi::calls`].
     mark: std::sync::atomic::AtomicUsize,
+    /// Wakes watches when the cluster changes.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl FakeApi {
@@ -69,18 +73,19 @@ impl FakeApi {
         let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config(&["127.0.0.1"]));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let cluster = Arc::new(Mutex::new(Cluster::default()));
-        let (r, c) = (requests.clone(), cluster.clone());
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let (r, c, n) = (requests.clone(), cluster.clone(), changed.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { continue };
-                let (r, c, acceptor) = (r.clone(), c.clone(), acceptor.clone());
+                let (r, c, n, acceptor) = (r.clone(), c.clone(), n.clone(), acceptor.clone());
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(req, r.clone(), c.clone()));
+                    let service = hyper::service::service_fn(move |req| handle(req, r.clone(), c.clone(), n.clone()));
                     super::origin::serve_http1(stream, Some(acceptor), service).await;
                 });
             }
         });
-        Self { addr, requests, cluster, pki, mark: 0.into() }
+        Self { addr, requests, cluster, pki, mark: 0.into(), changed }
     }
 
     /// A kubeconfig for this server with a ServiceAccount-style token.
@@ -117,12 +122,29 @@ impl FakeApi {
         self.cluster.lock().unwrap().objects.get(collection).cloned().unwrap_or_default()
     }
 
-    /// Stores an object as if created through the API (uid assigned); returns it.
+    /// Stores an object as if created through the API (uid assigned, watchers told); returns it.
     pub(crate) fn plant(&self, collection: &str, object: Value) -> Value {
         let mut c = self.cluster.lock().unwrap();
         let o = c.admit(object);
         c.objects.entry(collection.to_owned()).or_default().push(o.clone());
+        let rv = c.next;
+        c.events.push((rv, collection.to_owned(), "ADDED", o.clone()));
+        self.changed.notify_waiters();
         o
+    }
+
+    /// Deletes an object as if through the API (watchers told).
+    pub(crate) fn remove(&self, collection: &str, name: &str) {
+        let mut c = self.cluster.lock().unwrap();
+        let uid = c
+            .objects
+            .get(collection)
+            .and_then(|l| l.iter().find(|o| o["metadata"]["name"] == name))
+            .map(|o| o["metadata"]["uid"].clone());
+        if let Some(uid) = uid {
+            c.collect(uid.as_str().unwrap_or(""));
+        }
+        self.changed.notify_waiters();
     }
 }
 
@@ -132,7 +154,8 @@ impl Cluster {
         o["metadata"]["uid"] = json!(format!("00000000-0000-4000-8000-{:012}", self.next));
         o["metadata"]["resourceVersion"] = json!(self.next.to_string());
         o["metadata"]["creationTimestamp"] = json!("2026-11-29T16:00:00Z");
-        if o["kind"] == "Pod" {
+        // Pods run at once, on 127.0.0.1 unless the test planted another status.
+        if o["kind"] == "Pod" && o.get("status").is_none() {
             o["status"] = json!({"phase": "Running", "podIP": "127.0.0.1"});
         }
         o
@@ -140,19 +163,25 @@ impl Cluster {
 
     /// Deletes `uid` and, like the garbage collector, everything it owns (transitively).
     fn collect(&mut self, uid: &str) {
-        let mut owned = Vec::new();
-        for list in self.objects.values_mut() {
+        let mut gone = Vec::new();
+        for (collection, list) in &mut self.objects {
             list.retain(|o| {
                 let owners = o["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
-                if owners.iter().any(|r| r["uid"] == uid) {
-                    owned.push(o["metadata"]["uid"].as_str().unwrap_or("").to_owned());
+                let owned = owners.iter().any(|r| r["uid"] == uid);
+                if owned || o["metadata"]["uid"] == uid {
+                    gone.push((collection.clone(), o.clone(), owned));
                     return false;
                 }
-                o["metadata"]["uid"] != uid
+                true
             });
         }
-        for u in owned {
-            self.collect(&u);
+        for (collection, mut o, owned) in gone {
+            self.next += 1;
+            o["metadata"]["resourceVersion"] = json!(self.next.to_string());
+            self.events.push((self.next, collection, "DELETED", o.clone()));
+            if owned {
+                self.collect(o["metadata"]["uid"].as_str().unwrap_or(""));
+            }
         }
     }
 }
@@ -170,6 +199,53 @@ fn selected(o: &Value, selector: &str) -> bool {
     })
 }
 
+/// `fieldSelector` terms such as `spec.nodeName=node-1`.
+fn fields_match(o: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|s| !s.is_empty()).all(|term| match term.split_once('=') {
+        Some((k, v)) => o.pointer(&format!("/{}", k.replace('.', "/"))) == Some(&json!(v)),
+        None => false,
+    })
+}
+
+/// All pods, any namespace, matching the query's selectors.
+fn pods_matching<'a>(c: &'a Cluster, query: &str) -> impl Iterator<Item = &'a Value> {
+    let labels = query_param(query, "labelSelector").unwrap_or_default();
+    let fields = query_param(query, "fieldSelector").unwrap_or_default();
+    c.objects
+        .iter()
+        .filter(|(k, _)| k.ends_with("/pods"))
+        .flat_map(|(_, v)| v.iter())
+        .filter(move |o| selected(o, &labels) && fields_match(o, &fields))
+}
+
+/// A watch on all pods: waits (up to 5 s) for events after `resourceVersion`, returns them as
+/// JSON lines and ends the stream, as an API server may at any time.
+async fn watch_pods(query: &str, cluster: &Mutex<Cluster>, changed: &tokio::sync::Notify) -> Value {
+    let since: u64 = query_param(query, "resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let labels = query_param(query, "labelSelector").unwrap_or_default();
+    let fields = query_param(query, "fieldSelector").unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let notified = changed.notified();
+        let lines: Vec<String> = {
+            let c = cluster.lock().unwrap();
+            c.events
+                .iter()
+                .filter(|(rv, coll, _, o)| {
+                    *rv > since && coll.ends_with("/pods") && selected(o, &labels) && fields_match(o, &fields)
+                })
+                .map(|(_, _, kind, o)| json!({"type": kind, "object": o}).to_string())
+                .collect()
+        };
+        if !lines.is_empty() {
+            return Value::String(lines.join("\n") + "\n");
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Value::String(String::new());
+        }
+    }
+}
+
 fn query_param(query: &str, key: &str) -> Option<String> {
     query.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
@@ -181,6 +257,7 @@ async fn handle(
     req: Request<Incoming>,
     requests: Arc<Mutex<Vec<Recorded>>>,
     cluster: Arc<Mutex<Cluster>>,
+    changed: Arc<tokio::sync::Notify>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().to_string();
     let path = req.uri().path().to_owned();
@@ -195,12 +272,27 @@ async fn handle(
         query: query.clone(),
         body: body.clone(),
     });
-    let (code, answer) = if authorized {
-        route(&method, &path, &query, body, &mut cluster.lock().unwrap())
-    } else {
+    let (code, answer) = if !authorized {
         status(401, "Unauthorized", "Unauthorized".into())
+    } else if path == "/api/v1/pods" && query.contains("watch=true") {
+        (StatusCode::OK, watch_pods(&query, &cluster, &changed).await)
+    } else if path == "/api/v1/pods" {
+        let c = cluster.lock().unwrap();
+        let items: Vec<Value> = pods_matching(&c, &query).cloned().collect();
+        (
+            StatusCode::OK,
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": c.next.to_string()}, "items": items}),
+        )
+    } else {
+        let answer = route(&method, &path, &query, body, &mut cluster.lock().unwrap());
+        changed.notify_waiters();
+        answer
     };
-    let mut r = Response::new(Full::new(Bytes::from(answer.to_string())));
+    let text = match answer {
+        Value::String(lines) => lines,
+        other => other.to_string(),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(text)));
     *r.status_mut() = code;
     r.headers_mut().insert("content-type", "application/json".parse().unwrap());
     Ok(r)
@@ -263,7 +355,9 @@ fn route(method: &str, path: &str, query: &str, body: Option<Value>, c: &mut Clu
                 return status(409, "AlreadyExists", format!("{n} already exists"));
             }
             let o = c.admit(o);
-            c.objects.entry(collection).or_default().push(o.clone());
+            c.objects.entry(collection.clone()).or_default().push(o.clone());
+            let rv = c.next;
+            c.events.push((rv, collection, "ADDED", o.clone()));
             (StatusCode::CREATED, o)
         }
         ("GET", None) => {

@@ -1,0 +1,109 @@
+//! The node agent (`sandgate proxy --node-agent NODE`) against the stand-in API server: it
+//! learns its node's sandbox pods by list-and-watch and serves a sandbox only with that
+//! sandbox's token from that sandbox's pod address; pods of other nodes, wrong tokens, wrong
+//! addresses and deleted pods get 407. Profiles come from the pod.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::kube_api::FakeApi;
+use crate::support::{curl, origin, proxy};
+
+const PODS: &str = "/api/v1/namespaces/sandboxes/pods";
+
+fn sha256_hex(token: &str) -> String {
+    use std::fmt::Write;
+    let d = ring_digest(token.as_bytes());
+    d.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// SHA-256 through `sha256sum`, so the test does not share the proxy's hashing code.
+fn ring_digest(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let hex = String::from_utf8(out.stdout).unwrap();
+    (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect()
+}
+
+fn sandbox_pod(name: &str, node: &str, ip: &str, token: &str, profile: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "sandboxes",
+            "labels": {"app.kubernetes.io/managed-by": "sandgate", "sandgate.dev/sandbox-id": name},
+            "annotations": {"sandgate.dev/token-sha256": sha256_hex(token), "sandgate.dev/profile": profile}},
+        "spec": {"nodeName": node, "containers": [{"name": "workspace", "image": "debian"}]},
+        "status": {"phase": "Running", "podIP": ip},
+    })
+}
+
+/// Waits until `f` holds (the watch is asynchronous).
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within 10s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_agent_serves_only_its_nodes_sandboxes_with_their_tokens() {
+    let api = FakeApi::start().await;
+    let origin = origin::http("plain").await;
+    let port = origin.addr.port();
+    api.plant(PODS, sandbox_pod("sbx-a", "node-1", "127.0.0.1", "tok-a", "default"));
+    api.plant(PODS, sandbox_pod("sbx-other-node", "node-2", "127.0.0.1", "tok-b", "default"));
+    // Another pod on the node, at another address: its token is no use from here.
+    api.plant(PODS, sandbox_pod("sbx-c", "node-1", "10.244.1.9", "tok-c", "default"));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig("sandboxes")).unwrap();
+    let policy = super::loopback_policy(&[port]);
+    let p = tokio::task::spawn_blocking(move || {
+        proxy::new(&policy).args(&["--node-agent", "node-1", "--kubeconfig", kubeconfig.to_str().unwrap()]).start()
+    })
+    .await
+    .unwrap();
+    let via = |user: &str| format!("http://{user}@{}", p.explicit);
+    let url = format!("http://origin.test:{port}/agent");
+    let get = |user: &str| curl(&["-x", &via(user), &url]);
+
+    // The sandbox with its token, from its address: served.
+    eventually("sbx-a known", || get("sbx-a:tok-a").0 == 200);
+    let (_, body, _) = get("sbx-a:tok-a");
+    assert!(body.contains("origin plain GET /agent"), "{body}");
+    let log = p.wait_log("served", |v| v["sandbox"] == "sbx-a" && v["verdict"] == "allow");
+    assert_eq!(log["profile"], "default");
+
+    // Everything else is 407, with the reason in the log.
+    for (user, reason) in [
+        ("sbx-a:wrong", "proxy_auth_wrong_token"),
+        ("sbx-other-node:tok-b", "proxy_auth_unknown_sandbox"),
+        ("sbx-c:tok-c", "proxy_auth_wrong_address"),
+    ] {
+        let (code, body, _) = get(user);
+        assert_eq!(code, 407, "{user}: {body}");
+        let name = user.split(':').next().unwrap().to_owned();
+        p.wait_log(reason, |v| v["sandbox"] == name.as_str() && v["reason"] == reason);
+    }
+    let (code, _, _) = curl(&["-x", &format!("http://{}", p.explicit), &url]);
+    assert_eq!(code, 407, "no credentials");
+    // CONNECT is checked the same way.
+    let (code, _, _) = curl(&["-p", "-x", &via("sbx-a:wrong"), &url]);
+    assert_eq!(code, 407, "CONNECT with a wrong token");
+
+    // A pod that appears later is served once the watch sees it; a deleted one no longer is.
+    api.plant(PODS, sandbox_pod("sbx-d", "node-1", "127.0.0.1", "tok-d", "default"));
+    eventually("sbx-d served", || get("sbx-d:tok-d").0 == 200);
+    api.remove(PODS, "sbx-a");
+    eventually("sbx-a forgotten", || get("sbx-a:tok-a").0 == 407);
+}
