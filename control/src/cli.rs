@@ -329,9 +329,13 @@ pub(crate) struct WebhookArgs {
     /// The serving key (PEM); cert-manager's `tls.key`.
     #[arg(long, value_name = "FILE", default_value = "/etc/sandgate/webhook/tls.key", env = "SANDGATE_WEBHOOK_KEY")]
     pub(crate) tls_key: PathBuf,
-    /// The Sandgate image injected as init container and proxy.
+    /// The Sandgate image injected as the proxy sidecar.
     #[arg(long, value_name = "IMAGE", env = "SANDGATE_IMAGE")]
     pub(crate) image: String,
+    /// The image injected as the init container (`sandgate init` needs nft and
+    /// iptables-legacy, which the distroless proxy image lacks); default: --image.
+    #[arg(long, value_name = "IMAGE", env = "SANDGATE_INIT_IMAGE")]
+    pub(crate) init_image: Option<String>,
     /// The UID the injected proxy runs as (app containers may not use it).
     #[arg(long, value_name = "UID", default_value_t = 4750, env = "SANDGATE_PROXY_UID")]
     pub(crate) proxy_uid: u32,

@@ -37,6 +37,7 @@ const EXIT_CANNOT_START: u8 = 69;
 /// `sandgate webhook`: serves the sidecar injector until stopped.
 fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
     let config = sandgate_sidecar::webhook::InjectConfig {
+        init_image: args.init_image.unwrap_or_else(|| args.image.clone()),
         image: args.image,
         proxy_uid: args.proxy_uid,
         explicit_port: 4750,

@@ -34,8 +34,10 @@ const BYPASS_CAPS: [&str; 5] = ["NET_ADMIN", "NET_RAW", "SETUID", "SETGID", "ALL
 /// What the injected containers look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InjectConfig {
-    /// The Sandgate image (it serves as init container and proxy).
+    /// The Sandgate image the proxy runs from.
     pub image: String,
+    /// The image `sandgate init` runs from (it needs nft and iptables-legacy).
+    pub init_image: String,
     /// The UID the proxy runs as (exempt from the redirect; refused for app containers).
     pub proxy_uid: u32,
     /// The proxy's explicit port (for tools that honour `HTTPS_PROXY`).
@@ -266,7 +268,7 @@ fn append(ops: &mut Vec<Value>, existing: Option<&Value>, path: &str, items: Vec
 fn init_container(config: &InjectConfig) -> Value {
     json!({
         "name": INIT_NAME,
-        "image": config.image,
+        "image": config.init_image,
         "args": ["init",
             "--proxy-uid", config.proxy_uid.to_string(),
             "--transparent-port", config.transparent_port.to_string(),

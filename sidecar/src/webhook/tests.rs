@@ -8,6 +8,7 @@ use super::*;
 fn config() -> InjectConfig {
     InjectConfig {
         image: "ghcr.io/sandgate/sandgate:0.1.0".into(),
+        init_image: "ghcr.io/sandgate/sandgate-init:0.1.0".into(),
         proxy_uid: 4750,
         explicit_port: 4750,
         transparent_port: 4751,
@@ -59,6 +60,7 @@ fn a_pod_in_an_opted_in_namespace_gets_the_sidecar() {
     assert_eq!(names(&spec["initContainers"]), [INIT_NAME, PROXY_NAME, "fetch-tools"]);
     let init = &spec["initContainers"][0];
     assert_eq!(init["args"][0], "init");
+    assert_eq!(init["image"], "ghcr.io/sandgate/sandgate-init:0.1.0");
     assert_eq!(init["securityContext"]["capabilities"]["add"], json!(["NET_ADMIN", "NET_RAW"]));
     let proxy = &spec["initContainers"][1];
     assert_eq!(proxy["restartPolicy"], "Always");

@@ -3,6 +3,7 @@
 mod attach;
 mod bad_input;
 mod cli;
+mod deploy;
 mod dns;
 mod explicit;
 mod git_http;

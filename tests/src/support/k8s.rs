@@ -33,3 +33,20 @@ pub(crate) fn validate(what: &str, documents: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Multi-document YAML as JSON values (PyYAML from the validator's environment: the tests
+/// need no YAML parser of their own).
+pub(crate) fn yaml_to_json(yaml: &str) -> Vec<serde_json::Value> {
+    use std::io::Write;
+    let python = validator().with_file_name("python");
+    let mut child = Command::new(python)
+        .args(["-c", "import json,sys,yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
