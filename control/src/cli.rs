@@ -372,6 +372,11 @@ pub(crate) struct InitArgs {
     /// Print the rules instead of installing them.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Do not prove the redirect after installing it. By default a connection to an address
+    /// that exists nowhere must arrive on the transparent port, or `init` fails (and with it
+    /// the pod, before any app container starts).
+    #[arg(long)]
+    pub(crate) no_verify: bool,
 }
 
 /// Packet filters `sandgate init` can program.

@@ -93,13 +93,18 @@ fn init(args: &cli::InitArgs) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    match redirect::apply(&mut system, &config, backend) {
+    let applied = redirect::apply(&mut system, &config, backend).map_err(|e| e.to_string());
+    let verified = applied.and_then(|()| {
+        if args.no_verify { Ok(()) } else { redirect::verify(config.transparent_port).map_err(|e| e.to_string()) }
+    });
+    match verified {
         Ok(()) => {
             tracing::info!(
                 ?backend,
                 proxy_uid = config.proxy_uid,
                 transparent_port = config.transparent_port,
                 dns_port = config.dns_port,
+                verified = !args.no_verify,
                 "redirect installed: outbound TCP and DNS go to the proxy"
             );
             ExitCode::SUCCESS

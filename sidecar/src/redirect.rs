@@ -145,6 +145,61 @@ pub fn apply(run: &mut impl Run, config: &RedirectConfig, backend: Backend) -> R
     Ok(())
 }
 
+/// An address no network routes (RFC 2544 benchmarking range): the probe's destination.
+const PROBE: std::net::SocketAddr =
+    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(198, 18, 0, 1), 9));
+
+/// Why the redirect did not prove itself.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The probe listener could not take the transparent port.
+    #[error("cannot listen on 127.0.0.1:{port} for the probe (is something already there?): {source}")]
+    Listen {
+        /// The transparent port.
+        port: u16,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A connection to an outside address was not redirected to the transparent port.
+    #[error(
+        "a connection to {PROBE} was not redirected to 127.0.0.1:{port} ({why}): outbound traffic would bypass the proxy"
+    )]
+    NotRedirected {
+        /// The transparent port.
+        port: u16,
+        /// What happened instead.
+        why: String,
+    },
+}
+
+/// Proves the redirect works before any other container starts (the idea of Istio's
+/// validation init container): listens on the transparent port, connects to an address that
+/// exists nowhere, and requires that connection to arrive on the listener. Must run as a UID
+/// other than the proxy's, before the proxy starts.
+pub fn verify(transparent_port: u16) -> Result<(), VerifyError> {
+    use std::time::{Duration, Instant};
+    let port = transparent_port;
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|source| VerifyError::Listen { port, source })?;
+    let not = |why: String| VerifyError::NotRedirected { port, why };
+    let client =
+        std::net::TcpStream::connect_timeout(&PROBE, Duration::from_secs(2)).map_err(|e| not(e.to_string()))?;
+    listener.set_nonblocking(true).map_err(|e| not(e.to_string()))?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mine = client.local_addr().map_err(|e| not(e.to_string()))?;
+    loop {
+        match listener.accept() {
+            // The accepted peer is the probe's own socket: the redirect took it.
+            Ok((_, peer)) if peer == mine => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(not(format!("nothing arrived: {e}"))),
+        }
+    }
+}
+
 /// The backend this pod can use: nftables when `nft` can list tables, else iptables-legacy
 /// (gVisor refuses nftables with "Protocol not supported").
 pub fn detect(run: &mut impl Run) -> Backend {

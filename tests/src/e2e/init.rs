@@ -36,16 +36,25 @@ fn redirect_works(firewall: &str, list: &[&str]) {
     let policy = format!(
         "version: 1\nresolve:\n  origin.test: [{GW_IP}]\nallow:\n  - hosts: [origin.test]\n    ports: [{port}]\n  - cidrs: [{GW_IP}/32]\n    ports: [{port}]\n"
     );
-    let p = proxy::new(&policy).netns(&t.sbx).uid(PROXY_UID).transparent("127.0.0.1:4751").start();
+    // Without the redirect, the self-check fails: a probe to nowhere never reaches the port.
+    let unverified = crate::support::netns::in_ns(&t.sbx, || sandgate_sidecar::redirect::verify(4751));
+    assert!(unverified.is_err(), "verified without any redirect");
 
+    // As in a pod: the init container runs (and proves the redirect) before the proxy starts.
     let init = |t: &Topology| {
         let out = t.in_sbx(&[proxy::sandgate_bin().to_str().unwrap(), "init", "--firewall", firewall]);
         assert!(out.status.success(), "sandgate init: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("verified=true"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     init(&t);
     let rules = listing(&t, list);
     init(&t);
     assert_eq!(listing(&t, list), rules, "a second `sandgate init` changed the rules");
+    let p = proxy::new(&policy).netns(&t.sbx).uid(PROXY_UID).transparent("127.0.0.1:4751").start();
 
     // The workload (root, no proxy settings) dials the origin's address: the proxy answers.
     let resolve = format!("origin.test:{port}:{GW_IP}");
