@@ -1,5 +1,5 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process answers) and
-//! `/readyz` (listeners bound and not draining). Loopback by default; it exposes no secrets,
+//! `/readyz` (listeners bound, not draining, and in node-agent mode the sandbox pods listed). Loopback by default; it exposes no secrets,
 //! but host names and decisions are the operator's business.
 
 use std::convert::Infallible;
@@ -55,6 +55,9 @@ fn respond(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if shared.draining.load(Ordering::Acquire) => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/readyz" if shared.identities.as_ref().is_some_and(|i| !i.is_synced()) => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "waiting for the first list of sandbox pods\n")
+        }
         "/readyz" => text(StatusCode::OK, "ready\n"),
         _ => text(StatusCode::NOT_FOUND, "not found; try /metrics, /healthz or /readyz\n"),
     }

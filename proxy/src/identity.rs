@@ -62,6 +62,8 @@ impl Credential {
 #[derive(Debug, Default)]
 pub struct Identities {
     by_name: RwLock<HashMap<String, Identity>>,
+    /// Whether a full list has been loaded (until then the proxy is not ready).
+    synced: std::sync::atomic::AtomicBool,
 }
 
 /// Why a client was not recognised (the label goes to the log and metrics).
@@ -115,6 +117,12 @@ impl Identities {
     pub fn replace_all(&self, all: impl IntoIterator<Item = Identity>) {
         let map = all.into_iter().map(|i| (i.sandbox.clone(), i)).collect();
         *self.by_name.write().unwrap_or_else(std::sync::PoisonError::into_inner) = map;
+        self.synced.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a full list has been loaded: `/readyz` says not ready until then.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Adds or replaces one sandbox.

@@ -77,6 +77,9 @@ async fn the_node_agent_serves_only_its_nodes_sandboxes_with_their_tokens() {
     let url = format!("http://origin.test:{port}/agent");
     let get = |user: &str| curl(&["-x", &via(user), &url]);
 
+    // Ready once the pods are listed.
+    eventually("ready", || proxy::http_get(p.admin, "/readyz").0 == 200);
+
     // The sandbox with its token, from its address: served.
     eventually("sbx-a known", || get("sbx-a:tok-a").0 == 200);
     let (_, body, _) = get("sbx-a:tok-a");
@@ -106,4 +109,31 @@ async fn the_node_agent_serves_only_its_nodes_sandboxes_with_their_tokens() {
     eventually("sbx-d served", || get("sbx-d:tok-d").0 == 200);
     api.remove(PODS, "sbx-a");
     eventually("sbx-a forgotten", || get("sbx-a:tok-a").0 == 407);
+}
+
+#[test]
+fn the_node_agent_is_not_ready_until_it_has_listed_its_pods() {
+    // An API server that is not there: the agent starts, serves nobody, and says not ready.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\n\
+             users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             current-context: c\n"
+        ),
+    )
+    .unwrap();
+    let p = proxy::new(&super::loopback_policy(&[80]))
+        .args(&["--node-agent", "node-1", "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .start();
+    let (code, body) = proxy::http_get(p.admin, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("waiting for the first list"), "{body}");
+    let (code, _, _) = curl(&["-x", &format!("http://sbx-a:t@{}", p.explicit), "http://origin.test/"]);
+    assert_eq!(code, 407);
 }
