@@ -215,6 +215,10 @@ pub(crate) struct KubeArgs {
     /// providers): that program then runs on this host.
     #[arg(long, global = true)]
     pub(crate) allow_exec: bool,
+    /// Use the pod's own service account instead of the sealed kubeconfig (the reaper's
+    /// CronJob in deploy/kubernetes/provider runs `sandgate kube --in-cluster reap`).
+    #[arg(long, global = true)]
+    pub(crate) in_cluster: bool,
     /// The namespace sandboxes live in (set up by deploy/kubernetes/provider).
     #[arg(
         long,

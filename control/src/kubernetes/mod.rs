@@ -34,21 +34,30 @@ pub(crate) fn main(args: KubeArgs) -> ExitCode {
 }
 
 async fn run(args: KubeArgs) -> Result<ExitCode, String> {
-    let create_key = matches!(args.command, KubeCommand::Connect { .. });
-    let mut vault =
-        crate::open_vault(&args.vault.vault, &args.vault.key_file, create_key).map_err(|e| e.to_string())?;
-    let kubeconfig = match &args.command {
-        KubeCommand::Connect { kubeconfig, .. } => {
-            std::fs::read_to_string(kubeconfig).map_err(|e| format!("cannot read {}: {e}", kubeconfig.display()))?
+    let connect = matches!(args.command, KubeCommand::Connect { .. });
+    // In a cluster (the reaper's CronJob) the pod's own service account is the credential.
+    let (client, stored) = if args.in_cluster {
+        if connect {
+            return Err("--in-cluster uses the pod's service account: there is no kubeconfig to connect".into());
         }
-        _ => {
-            let sealed = vault
-                .get(&args.kubeconfig_secret)
-                .map_err(|e| format!("{e} (store a kubeconfig first: `sandgate kube connect --kubeconfig FILE`)"))?;
-            String::from_utf8(sealed.expose().clone()).map_err(|_| "the sealed kubeconfig is not UTF-8".to_owned())?
-        }
+        (agent::client(None).await?, None)
+    } else {
+        let vault = crate::open_vault(&args.vault.vault, &args.vault.key_file, connect).map_err(|e| e.to_string())?;
+        let kubeconfig = match &args.command {
+            KubeCommand::Connect { kubeconfig, .. } => {
+                std::fs::read_to_string(kubeconfig).map_err(|e| format!("cannot read {}: {e}", kubeconfig.display()))?
+            }
+            _ => {
+                let sealed = vault.get(&args.kubeconfig_secret).map_err(|e| {
+                    format!("{e} (store a kubeconfig first: `sandgate kube connect --kubeconfig FILE`)")
+                })?;
+                String::from_utf8(sealed.expose().clone())
+                    .map_err(|_| "the sealed kubeconfig is not UTF-8".to_owned())?
+            }
+        };
+        let client = provider::client(&kubeconfig, args.allow_exec).await.map_err(|e| e.to_string())?;
+        (client, Some((vault, kubeconfig)))
     };
-    let client = provider::client(&kubeconfig, args.allow_exec).await.map_err(|e| e.to_string())?;
     let target = manifests::Target {
         namespace: args.namespace.clone(),
         runtime_class: (args.runtime_class != "none").then(|| args.runtime_class.clone()),
@@ -80,6 +89,7 @@ async fn run(args: KubeArgs) -> Result<ExitCode, String> {
     };
     match args.command {
         KubeCommand::Connect { force, .. } => {
+            let Some((mut vault, kubeconfig)) = stored else { return Err("no kubeconfig to connect".into()) };
             let ok = report(&p.test_connection().await);
             if !ok && !force {
                 return Err("not saved: fix the failures above (or pass --force)".into());

@@ -40,8 +40,13 @@ fn every_kustomization_renders_valid_objects() {
     {
         let objects = render(dir);
         assert!(!objects.is_empty(), "{dir}");
-        for w in of_kind(&objects, "Deployment").into_iter().chain(of_kind(&objects, "DaemonSet")) {
-            let spec = &w["spec"]["template"]["spec"];
+        let workloads = of_kind(&objects, "Deployment").into_iter().chain(of_kind(&objects, "DaemonSet"));
+        let pod_specs = workloads.map(|w| (w, &w["spec"]["template"]["spec"])).chain(
+            of_kind(&objects, "CronJob")
+                .into_iter()
+                .map(|c| (c, &c["spec"]["jobTemplate"]["spec"]["template"]["spec"])),
+        );
+        for (w, spec) in pod_specs {
             assert_eq!(spec["securityContext"]["runAsNonRoot"], true, "{dir}: {}", w["metadata"]["name"]);
             for c in spec["containers"].as_array().unwrap() {
                 let sc = &c["securityContext"];
@@ -87,7 +92,8 @@ fn the_sidecar_webhook_fails_closed_with_or_without_cert_manager() {
 #[test]
 fn the_provider_role_grants_exactly_what_the_provider_does() {
     let objects = render("provider");
-    let role = of_kind(&objects, "Role")[0];
+    let roles = of_kind(&objects, "Role");
+    let role = roles.iter().find(|r| r["metadata"]["name"] == "sandgate-provider").unwrap();
     let mut granted: Vec<String> = Vec::new();
     for rule in role["rules"].as_array().unwrap() {
         for r in rule["resources"].as_array().unwrap() {
@@ -123,6 +129,14 @@ fn the_provider_role_grants_exactly_what_the_provider_does() {
     .to_vec();
     needed.sort();
     assert_eq!(granted, needed);
+    // The cluster-side reaper may only list and delete.
+    let reaper = roles.iter().find(|r| r["metadata"]["name"] == "sandgate-reaper").unwrap();
+    for rule in reaper["rules"].as_array().unwrap() {
+        assert_eq!(rule["verbs"], serde_json::json!(["list", "delete"]));
+    }
+    let cron = of_kind(&objects, "CronJob")[0];
+    let args = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--in-cluster") && args.contains("reap"), "{args}");
     let deny = of_kind(&objects, "NetworkPolicy")[0];
     assert_eq!(deny["spec"]["podSelector"], serde_json::json!({}));
     assert_eq!(deny["spec"]["policyTypes"], serde_json::json!(["Ingress", "Egress"]));
