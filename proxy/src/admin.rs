@@ -1,6 +1,7 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process answers) and
-//! `/readyz` (listeners bound, not draining, and in node-agent mode the sandbox pods listed). Loopback by default; it exposes no secrets,
-//! but host names and decisions are the operator's business.
+//! `/readyz` (listeners bound, not draining, and in node-agent mode the sandbox pods listed).
+//! Loopback by default; it exposes no secrets, but host names and decisions are the operator's
+//! business.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -112,7 +112,13 @@ impl Provider {
         let anchor: ConfigMap = typed(manifests::anchor(sbx, &self.target))?;
         let anchor =
             self.api::<ConfigMap>().create(&pp, &anchor).await.map_err(api_err(format!("create anchor {name}")))?;
-        let uid = anchor.metadata.uid.unwrap_or_default();
+        let Some(uid) = anchor.metadata.uid else {
+            let _ = self.api::<ConfigMap>().delete(&name, &DeleteParams::background()).await;
+            return Err(KubeError::State {
+                id: sbx.id.clone(),
+                why: "the API server returned its anchor without a uid".into(),
+            });
+        };
         let made = async {
             let np: NetworkPolicy = typed(manifests::network_policy(sbx, &self.target, &uid))?;
             self.api::<NetworkPolicy>()
@@ -193,7 +199,10 @@ impl Provider {
             memory_mib: get("memory-mib").parse().unwrap_or(2048),
             disk_mib: get("disk-mib").parse().unwrap_or(10240),
         };
-        let uid = anchor.metadata.uid.unwrap_or_default();
+        let uid = anchor
+            .metadata
+            .uid
+            .ok_or_else(|| KubeError::State { id: id.to_owned(), why: "its anchor has no uid".into() })?;
         let remaining = u64::try_from(expires - now).unwrap_or(1);
         let pod: Pod = typed(manifests::pod(&sbx, &self.target, &uid, remaining))?;
         self.api::<Pod>().create(&PostParams::default(), &pod).await.map_err(api_err(format!("create pod {name}")))?;

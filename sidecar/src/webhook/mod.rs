@@ -10,7 +10,8 @@
 //! say nothing about capabilities drop all of them and may not escalate privileges.
 //!
 //! Refused, with the reason: any app container that could undo the redirect (privileged, adds
-//! NET_ADMIN, NET_RAW, SETUID, SETGID or ALL, runs as the proxy's UID) and host networking.
+//! NET_ADMIN, NET_RAW, SETUID, SETGID or ALL, allows privilege escalation, runs as the proxy's
+//! UID) and host networking.
 //! A pod already injected is left alone, so reinvocation adds nothing twice.
 
 use serde_json::{Map, Value, json};
@@ -159,6 +160,10 @@ fn bypass(spec: &Value, proxy_uid: u32) -> Option<String> {
             let sc = c.get("securityContext");
             if sc.and_then(|s| s.get("privileged")).and_then(Value::as_bool) == Some(true) {
                 return Some(format!("{kind} `{name}` is privileged"));
+            }
+            // A set-user-ID file owned by the proxy's UID would make a process that UID.
+            if sc.and_then(|s| s.get("allowPrivilegeEscalation")).and_then(Value::as_bool) == Some(true) {
+                return Some(format!("{kind} `{name}` allows privilege escalation (set-user-ID files)"));
             }
             let added = sc.and_then(|s| s.pointer("/capabilities/add")).and_then(Value::as_array);
             for cap in added.into_iter().flatten().filter_map(Value::as_str) {

@@ -156,6 +156,10 @@ fn pods_that_could_bypass_the_proxy_are_refused() {
             Box::new(|p| p["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["ALL"])),
         ),
         ("is privileged", Box::new(|p| p["spec"]["containers"][1]["securityContext"] = json!({"privileged": true}))),
+        (
+            "allows privilege escalation",
+            Box::new(|p| p["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true)),
+        ),
         ("hostNetwork: true", Box::new(|p| p["spec"]["hostNetwork"] = json!(true))),
         ("runs as UID 4750", Box::new(|p| p["spec"]["containers"][0]["securityContext"]["runAsUser"] = json!(4750))),
         // The pod-level UID counts for containers that do not set their own.
