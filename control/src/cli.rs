@@ -532,7 +532,8 @@ pub(crate) struct ProxyArgs {
     pub(crate) drain_timeout: Duration,
     /// Node-agent mode for Kubernetes NODE (from the downward API's spec.nodeName): serve only
     /// Sandgate's sandbox pods on this node, each recognised by its pod IP and the token in its
-    /// proxy URL (else 407) and given the profile its pod names. Explicit listener only.
+    /// proxy URL (else 407) and given the profile its pod names. Explicit listener only. `*`
+    /// serves the sandbox pods of every node (a Deployment instead of a DaemonSet).
     #[cfg(feature = "kubernetes")]
     #[arg(long, value_name = "NODE", env = "SANDGATE_NODE_NAME")]
     pub(crate) node_agent: Option<String>,

@@ -26,10 +26,11 @@ pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube:
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
-/// Keeps `ids` equal to the running sandbox pods on `node`, for ever.
+/// Keeps `ids` equal to the running sandbox pods on `node` (`*`: on every node), for ever.
 pub(crate) async fn watch(client: kube::Client, node: String, ids: Arc<Identities>) {
     let pods: Api<Pod> = Api::all(client);
-    let fields = format!("spec.nodeName={node}");
+    // `*`: one proxy (a Deployment) for the sandbox pods of every node.
+    let fields = if node == "*" { String::new() } else { format!("spec.nodeName={node}") };
     loop {
         let lp = ListParams::default().labels(MANAGED_SELECTOR).fields(&fields);
         let list = match pods.list(&lp).await {

@@ -35,9 +35,16 @@ fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 #[test]
 fn every_kustomization_renders_valid_objects() {
-    for dir in
-        ["base", "sidecar-injection/base", "sidecar-injection/cert-manager", "node-agent", "provider", "monitoring"]
-    {
+    let dirs = [
+        "base",
+        "sidecar-injection/base",
+        "sidecar-injection/cert-manager",
+        "node-agent",
+        "agent-deployment",
+        "provider",
+        "monitoring",
+    ];
+    for dir in dirs {
         let objects = render(dir);
         assert!(!objects.is_empty(), "{dir}");
         let workloads = of_kind(&objects, "Deployment").into_iter().chain(of_kind(&objects, "DaemonSet"));

@@ -137,3 +137,28 @@ fn the_node_agent_is_not_ready_until_it_has_listed_its_pods() {
     let (code, _, _) = curl(&["-x", &format!("http://sbx-a:t@{}", p.explicit), "http://origin.test/"]);
     assert_eq!(code, 407);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_proxy_for_every_node_serves_all_sandbox_pods() {
+    let api = FakeApi::start().await;
+    let origin = origin::http("plain").await;
+    let port = origin.addr.port();
+    api.plant(PODS, sandbox_pod("sbx-n1", "node-1", "127.0.0.1", "tok-1", "default"));
+    api.plant(PODS, sandbox_pod("sbx-n2", "node-2", "127.0.0.1", "tok-2", "default"));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig("sandboxes")).unwrap();
+    let policy = super::loopback_policy(&[port]);
+    let p = tokio::task::spawn_blocking(move || {
+        proxy::new(&policy).args(&["--node-agent", "*", "--kubeconfig", kubeconfig.to_str().unwrap()]).start()
+    })
+    .await
+    .unwrap();
+    let url = format!("http://origin.test:{port}/any-node");
+    for user in ["sbx-n1:tok-1", "sbx-n2:tok-2"] {
+        eventually(user, || curl(&["-x", &format!("http://{user}@{}", p.explicit), &url]).0 == 200);
+    }
+    let lists: Vec<String> =
+        api.requests.lock().unwrap().iter().filter(|r| r.path == "/api/v1/pods").map(|r| r.query.clone()).collect();
+    assert!(lists.iter().all(|q| !q.contains("fieldSelector=spec.nodeName")), "{lists:?}");
+}
