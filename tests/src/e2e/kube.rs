@@ -215,3 +215,43 @@ async fn the_provider_speaks_the_kubernetes_api() {
     assert!(all.len() >= 20, "{}", all.len());
     k8s::validate("the provider's request bodies", &all.join("\n---\n"));
 }
+
+/// The reaper's CronJob path (`--in-cluster`): the pod's service account files and the
+/// `KUBERNETES_SERVICE_*` variables, made for real in a private mount namespace (root) over a
+/// tmpfs on /run, so the machine's own /run is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_cluster_reaper_uses_the_pods_service_account() {
+    if !crate::support::netns::privileged("the_in_cluster_reaper_uses_the_pods_service_account") {
+        return;
+    }
+    let api = FakeApi::start().await;
+    let meta = json!({"name": "sbx-gone", "namespace": NS,
+        "labels": {"app.kubernetes.io/managed-by": "sandgate", "sandgate.dev/sandbox-id": "gone"},
+        "annotations": {"sandgate.dev/created-at": "2026-01-01T00:00:00Z", "sandgate.dev/expires-at": "2026-01-01T06:00:00Z"}});
+    api.plant(CONFIGMAPS, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&api.pki.ca_path, dir.path().join("ca.crt")).unwrap();
+    std::fs::write(dir.path().join("token"), crate::support::kube_api::TOKEN).unwrap();
+    std::fs::write(dir.path().join("namespace"), "sandgate-system").unwrap();
+    let sa = "/run/secrets/kubernetes.io/serviceaccount";
+    let script = format!(
+        "mount -t tmpfs none /run && mkdir -p {sa} && cp {src}/* {sa}/ && exec {bin} kube --in-cluster --namespace {NS} reap",
+        src = dir.path().display(),
+        bin = sandgate_bin().display()
+    );
+    let port = api.addr.port();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", port.to_string())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("removed configmap/sbx-gone (expired)"), "{t}");
+    assert!(api.objects(CONFIGMAPS).is_empty());
+}
