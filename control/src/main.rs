@@ -70,6 +70,14 @@ fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
     }
 }
 
+/// The first ephemeral port of this network namespace (32768, Linux's default, if unreadable).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
 /// `sandgate init`: installs (or prints) the sidecar's in-pod redirect.
 fn init(args: &cli::InitArgs) -> ExitCode {
     use sandgate_sidecar::redirect::{self, Backend, RedirectConfig};
@@ -78,6 +86,7 @@ fn init(args: &cli::InitArgs) -> ExitCode {
         transparent_port: args.transparent_port,
         dns_port: args.dns_port,
         inbound_ports: args.inbound_ports.clone(),
+        ephemeral_start: ephemeral_start(),
     };
     let mut system = sandgate_sidecar::System;
     let backend = match args.firewall {

@@ -36,6 +36,10 @@ pub struct RedirectConfig {
     pub dns_port: u16,
     /// Inbound TCP ports left open (the proxy's admin port, for the kubelet's probes).
     pub inbound_ports: Vec<u16>,
+    /// The first ephemeral port (`ip_local_port_range`). iptables-legacy rules cannot use
+    /// conntrack or TCP flags under gVisor, so they tell replies from new inbound connections
+    /// by port: everything addressed below this port is dropped.
+    pub ephemeral_start: u16,
 }
 
 /// The packet filter a redirect is written for.
@@ -120,8 +124,12 @@ COMMIT
         for p in &self.inbound_ports {
             let _ = writeln!(s, "-A SANDGATE_INPUT -p tcp -m tcp --dport {p} -j RETURN");
         }
-        // No conntrack match (gVisor has none): a new inbound connection is one with SYN alone.
-        s.push_str("-A SANDGATE_INPUT -p tcp -m tcp --syn -j DROP\nCOMMIT\n");
+        // gVisor has neither conntrack nor TCP-flag matches: replies to the proxy's own
+        // connections arrive on ephemeral ports, anything else inbound is dropped.
+        let below = self.ephemeral_start.saturating_sub(1);
+        let _ = writeln!(s, "-A SANDGATE_INPUT -p tcp -m tcp --dport 0:{below} -j DROP");
+        let _ = writeln!(s, "-A SANDGATE_INPUT -p udp -m udp --dport 0:{below} -j DROP");
+        s.push_str("COMMIT\n");
         s
     }
 }
@@ -211,7 +219,13 @@ mod tests {
     use super::*;
 
     fn config() -> RedirectConfig {
-        RedirectConfig { proxy_uid: 4750, transparent_port: 4751, dns_port: 4753, inbound_ports: vec![4752] }
+        RedirectConfig {
+            proxy_uid: 4750,
+            transparent_port: 4751,
+            dns_port: 4753,
+            inbound_ports: vec![4752],
+            ephemeral_start: 32768,
+        }
     }
 
     fn golden(name: &str, text: &str) {
@@ -231,7 +245,9 @@ mod tests {
     #[test]
     fn iptables_rules_use_only_what_gvisor_emulates() {
         let rules = config().iptables();
-        for unsupported in ["comment", "--state", "conntrack", "MASQUERADE"] {
+        // gVisor's tcp matcher refuses any flag match (`--syn`, `--tcp-flags`): "unsupported
+        // TCP matcher flags set" (pkg/sentry/socket/netfilter/tcp_matcher.go).
+        for unsupported in ["comment", "--state", "conntrack", "MASQUERADE", "--syn", "--tcp-flags", "--ctstate"] {
             assert!(!rules.contains(unsupported), "{unsupported} in {rules}");
         }
     }
