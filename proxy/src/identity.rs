@@ -26,7 +26,8 @@ pub struct Identity {
 pub(crate) struct Credential {
     /// The user: a sandbox name.
     pub(crate) user: String,
-    token: String,
+    /// Wiped from memory when the credential is dropped.
+    token: zeroize::Zeroizing<String>,
 }
 
 impl std::fmt::Debug for Credential {
@@ -43,13 +44,13 @@ impl Credential {
         if !scheme.eq_ignore_ascii_case("basic") {
             return None;
         }
-        let decoded = base64::engine::general_purpose::STANDARD.decode(creds.trim()).ok()?;
-        let text = String::from_utf8(decoded).ok()?;
-        let (user, token) = text.split_once(':').unwrap_or((text.as_str(), ""));
+        let decoded = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.decode(creds.trim()).ok()?);
+        let text = std::str::from_utf8(&decoded).ok()?;
+        let (user, token) = text.split_once(':').unwrap_or((text, ""));
         let ok = !user.is_empty()
             && user.len() <= 128
             && user.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-        ok.then(|| Self { user: user.to_owned(), token: token.to_owned() })
+        ok.then(|| Self { user: user.to_owned(), token: zeroize::Zeroizing::new(token.to_owned()) })
     }
 
     /// The token.
@@ -205,6 +206,19 @@ mod tests {
         assert_eq!(ids.check(addr, "sbx-b", "t"), Err(AuthError::UnknownSandbox));
         ids.remove("sbx-a");
         assert_eq!(ids.check(addr, "sbx-a", "t"), Err(AuthError::UnknownSandbox));
+    }
+
+    #[test]
+    fn basic_credentials_parse_and_never_print_the_token() {
+        use base64::Engine;
+        let header = |s: &str| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(s));
+        let c = Credential::from_basic(&header("sbx-a1:s3cr3t-t0ken")).unwrap();
+        assert_eq!((c.user.as_str(), c.token()), ("sbx-a1", "s3cr3t-t0ken"));
+        assert!(!format!("{c:?}").contains("s3cr3t"), "{c:?}");
+        assert_eq!(Credential::from_basic(&header("sbx-a1")).unwrap().token(), "");
+        for bad in [header(":t"), header("a b:t"), header(&"x".repeat(129)), "Bearer abc".into(), "Basic !!!".into()] {
+            assert!(Credential::from_basic(&bad).is_none(), "{bad}");
+        }
     }
 
     #[test]
