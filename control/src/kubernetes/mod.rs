@@ -41,20 +41,20 @@ async fn run(args: KubeArgs) -> Result<ExitCode, String> {
             return Err("--in-cluster uses the pod's service account: there is no kubeconfig to connect".into());
         }
         (agent::client(None).await?, None)
+    } else if let KubeCommand::Connect { kubeconfig, .. } = &args.command {
+        // The file is read and checked before the vault (and its key) is touched.
+        let text =
+            std::fs::read_to_string(kubeconfig).map_err(|e| format!("cannot read {}: {e}", kubeconfig.display()))?;
+        let client = provider::client(&text, args.allow_exec).await.map_err(|e| e.to_string())?;
+        let vault = crate::open_vault(&args.vault.vault, &args.vault.key_file, true).map_err(|e| e.to_string())?;
+        (client, Some((vault, text)))
     } else {
-        let vault = crate::open_vault(&args.vault.vault, &args.vault.key_file, connect).map_err(|e| e.to_string())?;
-        let kubeconfig = match &args.command {
-            KubeCommand::Connect { kubeconfig, .. } => {
-                std::fs::read_to_string(kubeconfig).map_err(|e| format!("cannot read {}: {e}", kubeconfig.display()))?
-            }
-            _ => {
-                let sealed = vault.get(&args.kubeconfig_secret).map_err(|e| {
-                    format!("{e} (store a kubeconfig first: `sandgate kube connect --kubeconfig FILE`)")
-                })?;
-                String::from_utf8(sealed.expose().clone())
-                    .map_err(|_| "the sealed kubeconfig is not UTF-8".to_owned())?
-            }
-        };
+        let vault = crate::open_vault(&args.vault.vault, &args.vault.key_file, false).map_err(|e| e.to_string())?;
+        let sealed = vault
+            .get(&args.kubeconfig_secret)
+            .map_err(|e| format!("{e} (store a kubeconfig first: `sandgate kube connect --kubeconfig FILE`)"))?;
+        let kubeconfig =
+            String::from_utf8(sealed.expose().clone()).map_err(|_| "the sealed kubeconfig is not UTF-8".to_owned())?;
         let client = provider::client(&kubeconfig, args.allow_exec).await.map_err(|e| e.to_string())?;
         (client, Some((vault, kubeconfig)))
     };

@@ -68,6 +68,7 @@ async fn the_provider_speaks_the_kubernetes_api() {
     .unwrap();
     assert!(!o.status.success());
     assert!(text(&o).contains("(`exec`)"), "{}", text(&o));
+    assert!(!d.join("vault.key").exists(), "a refused kubeconfig left a vault key behind");
 
     // Test connection with two failures: each is named, and nothing is saved.
     api.cluster.lock().unwrap().denied.push(("delete".into(), "pods".into()));
