@@ -22,6 +22,9 @@ use serde_json::Value;
 
 /// The largest AdmissionReview accepted (the API server's own request limit is 3 MiB).
 const MAX_BODY: usize = 4 << 20;
+/// How long a TLS handshake or a request head may take (the API server's own webhook
+/// timeout is at most 30 s, and 5 s in deploy/).
+const IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why the webhook could not start.
 #[derive(Debug, thiserror::Error)]
@@ -64,12 +67,17 @@ pub(crate) async fn serve(
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let (acceptor, config) = (acceptor.clone(), config.clone());
         tokio::spawn(async move {
-            let tls = match acceptor.accept(stream).await {
-                Ok(s) => s,
-                Err(e) => return tracing::debug!(%peer, "TLS handshake failed: {e}"),
+            // A client that stalls (handshake or request head) is dropped after IDLE.
+            let tls = match tokio::time::timeout(IDLE, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
             let service = hyper::service::service_fn(move |req| handle(req, config.clone()));
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(IDLE)
+                .serve_connection(TokioIo::new(tls), service);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, "connection: {e}");
             }
