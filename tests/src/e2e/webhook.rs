@@ -108,6 +108,27 @@ fn the_injected_pod_is_valid_and_a_bypassing_pod_is_refused() {
     let answer = post(&w, &pki.ca_path, "/inject/pod", &review);
     assert!(answer["response"].get("patch").is_none(), "{answer}");
 
+    // Bad input gets a readable status, and the webhook keeps serving.
+    let resolve = format!("webhook.test:{}:127.0.0.1", w.addr.port());
+    let base = format!("https://webhook.test:{}", w.addr.port());
+    let status = |extra: &[&str], path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--noproxy", "*", "--resolve", &resolve, "--cacert"])
+            .arg(&pki.ca_path)
+            .args(extra)
+            .arg(format!("{base}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(status(&["--data-binary", "not json"], "/inject/pod"), "400");
+    assert_eq!(status(&["--data-binary", r#"{"apiVersion":"admission.k8s.io/v1beta1"}"#], "/inject/pod"), "400");
+    assert_eq!(status(&[], "/elsewhere"), "404");
+    let big = dir.path().join("big.json");
+    std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
+    assert_eq!(status(&["--data-binary", &format!("@{}", big.display())], "/inject/pod"), "413");
+    assert_eq!(status(&[], "/healthz"), "200");
+
     // A renewed certificate (cert-manager rewrites the files) is served without a restart.
     let renewed = Pki::new();
     std::thread::sleep(Duration::from_millis(20));
