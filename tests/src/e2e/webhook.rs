@@ -136,3 +136,114 @@ fn the_injected_pod_is_valid_and_a_bypassing_pod_is_refused() {
     let answer = post(&w, &renewed.ca_path, "/inject/pod", &review);
     assert_eq!(answer["response"]["allowed"], true);
 }
+
+/// The injected containers work together as the kubelet would run them (root): the init
+/// container's command in a namespace playing the pod, then the sidecar's command as its UID
+/// (policy path pointed at a local file), its startup probe polled, and the app's traffic
+/// reaching an allowed origin through the redirect with the app's injected environment.
+#[test]
+fn the_injected_commands_work_together() {
+    use crate::support::netns::{GW_IP, Topology, privileged};
+    if !privileged("the_injected_commands_work_together") {
+        return;
+    }
+    let review: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    let config = sandgate_sidecar::webhook::InjectConfig {
+        image: "sandgate".into(),
+        init_image: "sandgate-init".into(),
+        proxy_uid: 4750,
+        explicit_port: 4750,
+        transparent_port: 4751,
+        admin_port: 4752,
+        dns_port: 4753,
+        policy_configmap: "sandgate-policy".into(),
+        ca_configmap: "sandgate-ca".into(),
+        vault_secret: None,
+    };
+    let sandgate_sidecar::webhook::Verdict::Patch(ops) = sandgate_sidecar::webhook::mutate(
+        &review["request"]["object"],
+        sandgate_sidecar::webhook::Scope::Namespace,
+        &config,
+    ) else {
+        panic!("not injected")
+    };
+    let mut pod = review["request"]["object"].clone();
+    json_patch::patch(&mut pod, &serde_json::from_value::<json_patch::Patch>(Value::Array(ops)).unwrap()).unwrap();
+    let args = |i: usize| -> Vec<String> {
+        pod["spec"]["initContainers"][i]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (init_args, mut proxy_args) = (args(0), args(1));
+
+    let t = Topology::new();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let _enter = rt.enter();
+    let origin = crate::support::origin::serve(
+        tokio::net::TcpListener::from_std(t.bind_in_gw(&format!("{GW_IP}:0"))).unwrap(),
+        "plain",
+        None,
+    );
+    let port = origin.addr.port();
+
+    // 1. The init container.
+    let bin = sandgate_bin();
+    let out =
+        t.in_sbx(&[&[bin.to_str().unwrap()], &init_args.iter().map(String::as_str).collect::<Vec<_>>()[..]].concat());
+    assert!(out.status.success(), "init {init_args:?}: {}", String::from_utf8_lossy(&out.stderr));
+
+    // 2. The sidecar, as its UID, with the policy where its ConfigMap would be mounted.
+    let dir = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!("version: 1\nresolve:\n  origin.test: [{GW_IP}]\nallow:\n  - hosts: [origin.test]\n    ports: [{port}]\n  - cidrs: [{GW_IP}/32]\n    ports: [{port}]\n"),
+    )
+    .unwrap();
+    let at = proxy_args.iter().position(|a| a == "--policy").unwrap();
+    assert_eq!(proxy_args[at + 1], "/etc/sandgate/policy/policy.yaml", "the ConfigMap's mount path");
+    proxy_args[at + 1] = policy.display().to_string();
+    let uid = pod["spec"]["initContainers"][1]["securityContext"]["runAsUser"].to_string();
+    let mut proxy = Command::new("ip")
+        .args(["netns", "exec", &t.sbx, "setpriv", "--reuid", &uid, "--regid", &uid, "--clear-groups"])
+        .arg(&bin)
+        .args(&proxy_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // 3. The startup probe, as the kubelet polls it (from outside the pod, on the pod's address).
+    let probe = &pod["spec"]["initContainers"][1]["startupProbe"]["httpGet"];
+    let url = format!("http://10.213.0.2:{}{}", probe["port"], probe["path"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("ip").args(["netns", "exec", &t.gw, "curl", "-s", "-m", "2", &url]).output().unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains("ready") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the startup probe {url} never passed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 4. The app, with its injected environment, reaches the origin through the redirect.
+    let env: Vec<String> = pod["spec"]["containers"][1]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}={}", e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+        .collect();
+    let resolve = format!("origin.test:{port}:{GW_IP}");
+    let target = format!("http://origin.test:{port}/injected");
+    let mut argv: Vec<&str> = vec!["env"];
+    argv.extend(env.iter().map(String::as_str));
+    argv.extend(["curl", "-s", "-S", "-m", "10", "--noproxy", "*", "--resolve", &resolve, &target]);
+    let out = t.in_sbx(&argv);
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.contains("origin plain GET /injected"), "{body}{}", String::from_utf8_lossy(&out.stderr));
+}
