@@ -18,10 +18,11 @@ const CLAIMS: &str = "/api/v1/namespaces/sandboxes/persistentvolumeclaims";
 const POLICIES: &str = "/apis/networking.k8s.io/v1/namespaces/sandboxes/networkpolicies";
 
 /// Runs `sandgate kube ARGS` with a vault in `dir` (the command's own runtime is separate).
-fn kube(dir: &Path, args: &[&str]) -> Output {
+pub(super) fn kube(dir: &Path, args: &[&str]) -> Output {
     let out = Command::new(sandgate_bin())
         .arg("kube")
-        .args(["--namespace", NS, "--proxy", "10.96.0.40:4750"])
+        .args(["--namespace", NS])
+        .args(if args.contains(&"--proxy") { &[][..] } else { &["--proxy", "10.96.0.40:4750"][..] })
         .args(if args.contains(&"--storage-class") { &[][..] } else { &["--storage-class", "standard"][..] })
         .arg("--vault")
         .arg(dir.join("vault.json"))

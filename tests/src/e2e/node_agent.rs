@@ -162,3 +162,49 @@ async fn one_proxy_for_every_node_serves_all_sandbox_pods() {
         api.requests.lock().unwrap().iter().filter(|r| r.path == "/api/v1/pods").map(|r| r.query.clone()).collect();
     assert!(lists.iter().all(|q| !q.contains("fieldSelector=spec.nodeName")), "{lists:?}");
 }
+
+/// The provider and the agent agree: a sandbox `sandgate kube create` makes (token in its proxy
+/// URL, the token's hash on the pod) is served by the agent with exactly that URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_made_by_the_provider_is_served_with_its_proxy_url() {
+    let api = FakeApi::start().await;
+    api.add_cluster_objects(&["namespaces/sandboxes", "runtimeclasses/gvisor", "storageclasses/standard"]);
+    let origin = origin::http("plain").await;
+    let port = origin.addr.port();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig("sandboxes")).unwrap();
+    let policy = super::loopback_policy(&[port]);
+    let k = kubeconfig.clone();
+    let p = tokio::task::spawn_blocking(move || {
+        proxy::new(&policy).args(&["--node-agent", "node-1", "--kubeconfig", k.to_str().unwrap()]).start()
+    })
+    .await
+    .unwrap();
+    let (d, k, agent) = (dir.path().to_owned(), kubeconfig.display().to_string(), p.explicit.to_string());
+    let id = tokio::task::spawn_blocking(move || {
+        let o = super::kube::kube(&d, &["connect", "--kubeconfig", &k]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = super::kube::kube(&d, &["--proxy", &agent, "create", "--lifetime", "10m"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    })
+    .await
+    .unwrap();
+    let pod = api.objects(PODS).into_iter().find(|p| p["metadata"]["name"] == format!("sbx-{id}").as_str()).unwrap();
+    let proxy_url = pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "HTTP_PROXY")
+        .and_then(|e| e["value"].as_str())
+        .unwrap()
+        .to_owned();
+    let url = format!("http://origin.test:{port}/made");
+    eventually("the new sandbox is served", || curl(&["-x", &proxy_url, &url]).0 == 200);
+    let log = p.wait_log("served", |v| v["sandbox"] == format!("sbx-{id}").as_str() && v["verdict"] == "allow");
+    assert_eq!(log["profile"], "default");
+    // The same name with any other token is refused.
+    let forged = format!("http://sbx-{id}:forged@{}", p.explicit);
+    assert_eq!(curl(&["-x", &forged, &url]).0, 407);
+}

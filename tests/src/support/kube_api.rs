@@ -154,9 +154,13 @@ impl Cluster {
         o["metadata"]["uid"] = json!(format!("00000000-0000-4000-8000-{:012}", self.next));
         o["metadata"]["resourceVersion"] = json!(self.next.to_string());
         o["metadata"]["creationTimestamp"] = json!("2026-11-29T16:00:00Z");
-        // Pods run at once, on 127.0.0.1 unless the test planted another status.
+        // Pods are scheduled to node-1 and run at once on 127.0.0.1, unless the test planted
+        // another node or status.
         if o["kind"] == "Pod" && o.get("status").is_none() {
             o["status"] = json!({"phase": "Running", "podIP": "127.0.0.1"});
+        }
+        if o["kind"] == "Pod" && o["spec"].get("nodeName").is_none() {
+            o["spec"]["nodeName"] = json!("node-1");
         }
         o
     }
