@@ -242,8 +242,17 @@ fn the_injected_commands_work_together() {
     argv.extend(env.iter().map(String::as_str));
     argv.extend(["curl", "-s", "-S", "-m", "10", "--noproxy", "*", "--resolve", &resolve, &target]);
     let out = t.in_sbx(&argv);
-    let _ = proxy.kill();
-    let _ = proxy.wait();
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(body.contains("origin plain GET /injected"), "{body}{}", String::from_utf8_lossy(&out.stderr));
+    // 5. DNS: whatever resolver the pod is given, its queries reach the sidecar, which answers
+    //    allowed names and refuses the rest.
+    let by_name = format!("http://origin.test:{port}/by-name");
+    let out = t.in_sbx(&["curl", "-s", "-S", "-m", "10", "--noproxy", "*", &by_name]);
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.contains("origin plain GET /by-name"), "{body}{}", String::from_utf8_lossy(&out.stderr));
+    let out = t.in_sbx(&["curl", "-s", "-S", "-m", "10", "--noproxy", "*", "http://exfil.example.test/"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("resolve"), "{err}");
+    let _ = proxy.kill();
+    let _ = proxy.wait();
 }
