@@ -80,6 +80,14 @@ pub(crate) enum Command {
     /// claim. The kubeconfig is sealed in the vault by `kube connect`.
     #[cfg(feature = "kubernetes")]
     Kube(Box<KubeArgs>),
+    /// Sandboxes on a Kubernetes cluster (not in this build: it lacks the `kubernetes` feature).
+    #[cfg(not(feature = "kubernetes"))]
+    #[command(disable_help_flag = true)]
+    Kube {
+        /// Ignored.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
     /// Create or print Sandgate's certificate authority (for intercepted hosts).
     ///
     /// `ca init` makes an ECDSA P-256 CA and seals its key in the vault; `ca cert` prints the
@@ -533,12 +541,11 @@ pub(crate) struct ProxyArgs {
     /// Node-agent mode for Kubernetes NODE (from the downward API's spec.nodeName): serve only
     /// Sandgate's sandbox pods on this node, each recognised by its pod IP and the token in its
     /// proxy URL (else 407) and given the profile its pod names. Explicit listener only. `*`
-    /// serves the sandbox pods of every node (a Deployment instead of a DaemonSet).
-    #[cfg(feature = "kubernetes")]
+    /// serves the sandbox pods of every node (a Deployment instead of a DaemonSet). Needs a
+    /// build with the `kubernetes` feature.
     #[arg(long, value_name = "NODE", env = "SANDGATE_NODE_NAME")]
     pub(crate) node_agent: Option<String>,
     /// The kubeconfig the node agent watches pods with (default: the in-cluster account).
-    #[cfg(feature = "kubernetes")]
     #[arg(long, value_name = "FILE", env = "SANDGATE_AGENT_KUBECONFIG", requires = "node_agent")]
     pub(crate) kubeconfig: Option<PathBuf>,
     /// How often the policy file is checked for changes.

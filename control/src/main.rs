@@ -214,6 +214,14 @@ fn main() -> ExitCode {
         Command::Webhook(args) => run_webhook(*args),
         #[cfg(feature = "kubernetes")]
         Command::Kube(args) => kubernetes::main(*args),
+        #[cfg(not(feature = "kubernetes"))]
+        Command::Kube { .. } => {
+            eprintln!(
+                "sandgate: this build has no Kubernetes support; build it with \
+                 `cargo build --release --features sandgate-control/kubernetes` (the images in deploy/ have it)"
+            );
+            ExitCode::from(EXIT_USAGE)
+        }
         Command::Sandbox(args) => match state::State::open(&args.state) {
             Ok(s) => match args.command {
                 cli::SandboxCommand::Ls => sandbox::ls(&s),
@@ -441,6 +449,11 @@ fn run_proxy(args: Box<ProxyArgs>) -> ExitCode {
     };
     #[cfg(feature = "kubernetes")]
     let (identities, no_transparent) = (agent.as_ref().map(|a| a.2.clone()), args.no_transparent || agent.is_some());
+    #[cfg(not(feature = "kubernetes"))]
+    if args.node_agent.is_some() || args.kubeconfig.is_some() {
+        eprintln!("sandgate: --node-agent needs a build with the `kubernetes` feature (the images in deploy/ have it)");
+        return ExitCode::from(EXIT_USAGE);
+    }
     #[cfg(not(feature = "kubernetes"))]
     let (identities, no_transparent) = (None, args.no_transparent);
     let config = ProxyConfig {
