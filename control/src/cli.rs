@@ -335,6 +335,10 @@ pub(crate) struct WebhookArgs {
     /// HTTPS listener for the API server.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443", env = "SANDGATE_WEBHOOK_LISTEN")]
     pub(crate) listen: SocketAddr,
+    /// Plain-HTTP admin listener: `/metrics` (reviews by verdict) and `/healthz`; none unless
+    /// given.
+    #[arg(long, value_name = "ADDR", env = "SANDGATE_WEBHOOK_ADMIN")]
+    pub(crate) admin: Option<SocketAddr>,
     /// The serving certificate (PEM, chain first); cert-manager's `tls.crt`.
     #[arg(long, value_name = "FILE", default_value = "/etc/sandgate/webhook/tls.crt", env = "SANDGATE_WEBHOOK_CERT")]
     pub(crate) tls_cert: PathBuf,

@@ -55,9 +55,24 @@ fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_START);
         }
     };
+    let metrics = match webhook::WebhookMetrics::new() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("sandgate webhook: metrics: {e}");
+            return ExitCode::from(EXIT_CANNOT_START);
+        }
+    };
+    let admin = args.admin;
     let served = rt.block_on(async {
+        let admin = async {
+            match admin {
+                Some(addr) => webhook::serve_admin(addr, metrics.clone()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            r = webhook::serve(args.listen, args.tls_cert, args.tls_key, config) => r,
+            r = webhook::serve(args.listen, args.tls_cert, args.tls_key, config, metrics.clone()) => r,
+            r = admin => r,
             _ = wait_for_stop() => Ok(()),
         }
     });

@@ -1,7 +1,8 @@
 //! `sandgate webhook`: the sidecar injector's HTTPS server. Kubernetes POSTs AdmissionReview v1
 //! documents to `/inject/namespace` (pods of opted-in namespaces) or `/inject/pod` (pods that
 //! opt in themselves); the decision is `sandgate_sidecar::webhook::review`. The certificate and
-//! key are re-read when their files change, so cert-manager's renewals need no restart.
+//! key are re-read when their files change, so cert-manager's renewals need no restart. An
+//! optional plain-HTTP admin listener serves `/metrics` (reviews by verdict) and `/healthz`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -44,12 +45,74 @@ pub(crate) enum WebhookError {
     Bind(SocketAddr, std::io::Error),
 }
 
+/// The webhook's counters.
+#[derive(Clone)]
+pub(crate) struct WebhookMetrics {
+    registry: prometheus::Registry,
+    reviews: prometheus::IntCounterVec,
+}
+
+impl WebhookMetrics {
+    /// `sandgate_webhook_reviews_total{verdict}`: injected, unchanged, refused, invalid.
+    pub(crate) fn new() -> Result<Self, prometheus::Error> {
+        let registry = prometheus::Registry::new();
+        let reviews = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("sandgate_webhook_reviews_total", "AdmissionReviews answered, by verdict."),
+            &["verdict"],
+        )?;
+        registry.register(Box::new(reviews.clone()))?;
+        for v in ["injected", "unchanged", "refused", "invalid"] {
+            reviews.with_label_values(&[v]);
+        }
+        Ok(Self { registry, reviews })
+    }
+
+    fn count(&self, verdict: &str) {
+        self.reviews.with_label_values(&[verdict]).inc();
+    }
+
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus::TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` over plain HTTP on `addr` until the process is stopped.
+pub(crate) async fn serve_admin(addr: SocketAddr, metrics: WebhookMetrics) -> Result<(), WebhookError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| WebhookError::Bind(addr, e))?;
+    let bound = listener.local_addr().map_err(|e| WebhookError::Bind(addr, e))?;
+    tracing::info!(listener = "admin", addr = %bound, "listening");
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let metrics = metrics.clone();
+                async move {
+                    Ok::<_, Infallible>(match req.uri().path() {
+                        "/metrics" => reply(StatusCode::OK, metrics.encode()),
+                        "/healthz" => reply(StatusCode::OK, "ok\n".into()),
+                        _ => reply(StatusCode::NOT_FOUND, "try /metrics or /healthz\n".into()),
+                    })
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(IDLE)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
 /// Serves until the process is stopped.
 pub(crate) async fn serve(
     listen: SocketAddr,
     cert: PathBuf,
     key: PathBuf,
     config: InjectConfig,
+    metrics: WebhookMetrics,
 ) -> Result<(), WebhookError> {
     let resolver = Arc::new(FileCert::load(cert, key)?);
     let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
@@ -65,7 +128,7 @@ pub(crate) async fn serve(
     let config = Arc::new(config);
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
-        let (acceptor, config) = (acceptor.clone(), config.clone());
+        let (acceptor, config, metrics) = (acceptor.clone(), config.clone(), metrics.clone());
         tokio::spawn(async move {
             // A client that stalls (handshake or request head) is dropped after IDLE.
             let tls = match tokio::time::timeout(IDLE, acceptor.accept(stream)).await {
@@ -73,7 +136,7 @@ pub(crate) async fn serve(
                 Ok(Err(e)) => return tracing::debug!(%peer, "TLS handshake failed: {e}"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
-            let service = hyper::service::service_fn(move |req| handle(req, config.clone()));
+            let service = hyper::service::service_fn(move |req| handle(req, config.clone(), metrics.clone()));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(IDLE)
@@ -85,7 +148,11 @@ pub(crate) async fn serve(
     }
 }
 
-async fn handle(req: Request<Incoming>, config: Arc<InjectConfig>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+    config: Arc<InjectConfig>,
+    metrics: WebhookMetrics,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let scope = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => return Ok(reply(StatusCode::OK, "ok\n".into())),
         (&Method::POST, "/inject/namespace") => Scope::Namespace,
@@ -94,11 +161,17 @@ async fn handle(req: Request<Incoming>, config: Arc<InjectConfig>) -> Result<Res
     };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return Ok(reply(StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the request: {e}\n"))),
+        Err(e) => {
+            metrics.count("invalid");
+            return Ok(reply(StatusCode::PAYLOAD_TOO_LARGE, format!("cannot read the request: {e}\n")));
+        }
     };
     let request: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, format!("not JSON: {e}\n"))),
+        Err(e) => {
+            metrics.count("invalid");
+            return Ok(reply(StatusCode::BAD_REQUEST, format!("not JSON: {e}\n")));
+        }
     };
     match review(&request, scope, &config) {
         Ok((response, verdict)) => {
@@ -106,16 +179,28 @@ async fn handle(req: Request<Incoming>, config: Arc<InjectConfig>) -> Result<Res
             let name = pod["name"].as_str().or(pod["generateName"].as_str()).unwrap_or("");
             let namespace = request["request"]["namespace"].as_str().unwrap_or("");
             match &verdict {
-                Verdict::Patch(ops) => tracing::info!(namespace, pod = name, ops = ops.len(), "injected"),
-                Verdict::Unchanged(why) => tracing::info!(namespace, pod = name, "unchanged: {why}"),
-                Verdict::Refuse(why) => tracing::warn!(namespace, pod = name, "refused: {why}"),
+                Verdict::Patch(ops) => {
+                    metrics.count("injected");
+                    tracing::info!(namespace, pod = name, ops = ops.len(), "injected");
+                }
+                Verdict::Unchanged(why) => {
+                    metrics.count("unchanged");
+                    tracing::info!(namespace, pod = name, "unchanged: {why}");
+                }
+                Verdict::Refuse(why) => {
+                    metrics.count("refused");
+                    tracing::warn!(namespace, pod = name, "refused: {why}");
+                }
             }
             let mut r = reply(StatusCode::OK, response.to_string());
             r.headers_mut()
                 .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
             Ok(r)
         }
-        Err(e) => Ok(reply(StatusCode::BAD_REQUEST, format!("{e}\n"))),
+        Err(e) => {
+            metrics.count("invalid");
+            Ok(reply(StatusCode::BAD_REQUEST, format!("{e}\n")))
+        }
     }
 }
 

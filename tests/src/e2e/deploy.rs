@@ -181,8 +181,10 @@ fn the_systemd_unit_verifies() {
 fn the_dashboard_queries_only_exported_metrics() {
     let text = std::fs::read_to_string(deploy().join("kubernetes/monitoring/sandgate-dashboard.json")).unwrap();
     let dashboard: Value = serde_json::from_str(&text).unwrap();
-    let metrics =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/src/metrics.rs")).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let metrics = ["proxy/src/metrics.rs", "control/src/webhook.rs"]
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap())
+        .join("\n");
     let panels = dashboard["panels"].as_array().unwrap();
     assert!(panels.len() >= 4);
     for p in panels {

@@ -19,6 +19,7 @@ const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../sidecar/tests/fix
 struct Webhook {
     child: Child,
     addr: SocketAddr,
+    admin: SocketAddr,
 }
 
 impl Drop for Webhook {
@@ -30,7 +31,15 @@ impl Drop for Webhook {
 
 fn start(cert: &Path, key: &Path) -> Webhook {
     let mut child = Command::new(sandgate_bin())
-        .args(["webhook", "--listen", "127.0.0.1:0", "--image", "ghcr.io/sandgate/sandgate:test"])
+        .args([
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--image",
+            "ghcr.io/sandgate/sandgate:test",
+        ])
         .args(["--vault-secret", "sandgate-vault", "--tls-cert"])
         .arg(cert)
         .arg("--tls-key")
@@ -40,15 +49,19 @@ fn start(cert: &Path, key: &Path) -> Webhook {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let addr = loop {
+    let (mut addr, mut admin) = (None, None);
+    while addr.is_none() || admin.is_none() {
         assert!(Instant::now() < deadline, "webhook did not start");
         let line = lines.next().expect("webhook exited").unwrap();
-        if let Some(a) = line.split("addr=").nth(1) {
-            break a.trim().parse().unwrap();
+        let Some(a) = line.split("addr=").nth(1).and_then(|a| a.trim().parse::<SocketAddr>().ok()) else { continue };
+        if line.contains("listener=\"admin\"") {
+            admin = Some(a);
+        } else {
+            addr = Some(a);
         }
-    };
+    }
     std::thread::spawn(move || lines.for_each(drop));
-    Webhook { child, addr }
+    Webhook { child, addr: addr.unwrap(), admin: admin.unwrap() }
 }
 
 /// POSTs `review` to `path` and returns the AdmissionReview response document.
@@ -128,6 +141,18 @@ fn the_injected_pod_is_valid_and_a_bypassing_pod_is_refused() {
     std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
     assert_eq!(status(&["--data-binary", &format!("@{}", big.display())], "/inject/pod"), "413");
     assert_eq!(status(&[], "/healthz"), "200");
+
+    // Every review is counted by verdict on the admin listener.
+    let (code, metrics) = crate::support::proxy::http_get(w.admin, "/metrics");
+    assert_eq!(code, 200);
+    for (verdict, at_least) in [("injected", 1), ("unchanged", 2), ("refused", 1), ("invalid", 3)] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("sandgate_webhook_reviews_total{{verdict=\"{verdict}\"}}")))
+            .unwrap_or_else(|| panic!("{verdict}: {metrics}"));
+        let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n >= at_least, "{line}");
+    }
 
     // A renewed certificate (cert-manager rewrites the files) is served without a restart.
     let renewed = Pki::new();
