@@ -20,6 +20,8 @@ use serde_json::{Map, Value, json};
 pub const INJECT_KEY: &str = "sandgate.dev/inject";
 /// The annotation the injector leaves on a pod it changed.
 pub const INJECTED_KEY: &str = "sandgate.dev/injected";
+/// The label it adds, so a PodMonitor can scrape every sidecar (value `injected`).
+pub const SIDECAR_LABEL: &str = "sandgate.dev/sidecar";
 /// The injected init container that installs the redirect.
 pub const INIT_NAME: &str = "sandgate-init";
 /// The injected proxy (a native sidecar).
@@ -199,6 +201,13 @@ fn patch(pod: &Value, spec: &Value, config: &InjectConfig) -> Vec<Value> {
     } else {
         ops.push(json!({"op": "add", "path": "/metadata/annotations",
             "value": { INJECTED_KEY: env!("CARGO_PKG_VERSION") }}));
+    }
+    if pod.pointer("/metadata/labels").is_some() {
+        ops.push(
+            json!({"op": "add", "path": format!("/metadata/labels/{}", escape(SIDECAR_LABEL)), "value": "injected"}),
+        );
+    } else {
+        ops.push(json!({"op": "add", "path": "/metadata/labels", "value": { SIDECAR_LABEL: "injected" }}));
     }
     // App containers first (indices refer to the pod as it came), then the injected ones.
     for (key, list) in [("containers", spec.get("containers")), ("initContainers", spec.get("initContainers"))] {

@@ -89,6 +89,8 @@ fn a_pod_in_an_opted_in_namespace_gets_the_sidecar() {
         json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
     );
     assert_eq!(pod["metadata"]["annotations"][INJECTED_KEY], env!("CARGO_PKG_VERSION"));
+    assert_eq!(pod["metadata"]["labels"][SIDECAR_LABEL], "injected");
+    assert_eq!(pod["metadata"]["labels"]["app"], "agent", "the pod's own labels are kept");
 }
 
 #[test]
@@ -108,6 +110,10 @@ fn a_pod_without_init_containers_or_annotations_gets_them() {
     });
     let pod = injected(&r, Scope::Pod);
     assert_eq!(names(&pod["spec"]["initContainers"]), [INIT_NAME, PROXY_NAME]);
+    let r = with_pod(|p| {
+        p["metadata"].as_object_mut().unwrap().remove("labels");
+    });
+    assert_eq!(injected(&r, Scope::Namespace)["metadata"]["labels"], json!({SIDECAR_LABEL: "injected"}));
 }
 
 #[test]
