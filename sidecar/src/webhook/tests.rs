@@ -188,3 +188,105 @@ fn a_document_that_is_not_a_review_is_an_error() {
     assert!(review(&json!({"apiVersion": "admission.k8s.io/v1beta1"}), Scope::Pod, &config()).is_err());
     assert!(review(&json!({"apiVersion": "admission.k8s.io/v1", "request": {}}), Scope::Pod, &config()).is_err());
 }
+
+mod properties {
+    //! Any pod shape: the patch applies, injects once, and leaves every app container with the
+    //! trust variables exactly once and a capability drop list.
+
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::super::*;
+    use super::config;
+
+    fn security_context() -> impl Strategy<Value = Option<Value>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(json!({}))),
+            Just(Some(json!({"capabilities": {}}))),
+            Just(Some(json!({"capabilities": {"add": ["CHOWN"]}}))),
+            Just(Some(json!({"capabilities": {"drop": ["NET_RAW"]}}))),
+            Just(Some(json!({"allowPrivilegeEscalation": false, "runAsUser": 1000}))),
+        ]
+    }
+
+    fn container(name: String) -> impl Strategy<Value = Value> {
+        let env = prop::collection::vec(prop_oneof![Just("SSL_CERT_FILE"), Just("MODE"), Just("GIT_SSL_CAINFO")], 0..3);
+        (env, any::<bool>(), security_context()).prop_map(move |(env, mounts, sc)| {
+            let mut c = json!({"name": name, "image": "busybox"});
+            if !env.is_empty() {
+                let mut seen = Vec::new();
+                let vars: Vec<Value> = env
+                    .into_iter()
+                    .filter(|v| {
+                        !seen.contains(v) && {
+                            seen.push(*v);
+                            true
+                        }
+                    })
+                    .map(|v| json!({"name": v, "value": "x"}))
+                    .collect();
+                c["env"] = json!(vars);
+            }
+            if mounts {
+                c["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+            }
+            if let Some(sc) = sc {
+                c["securityContext"] = sc;
+            }
+            c
+        })
+    }
+
+    fn pod() -> impl Strategy<Value = Value> {
+        let containers =
+            (1usize..4).prop_flat_map(|n| (0..n).map(|i| container(format!("app{i}"))).collect::<Vec<_>>());
+        let inits = (0usize..3).prop_flat_map(|n| (0..n).map(|i| container(format!("init{i}"))).collect::<Vec<_>>());
+        (containers, inits, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(cs, is, labels, annotations, volumes)| {
+                let mut p =
+                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": cs}});
+                if !is.is_empty() {
+                    p["spec"]["initContainers"] = json!(is);
+                }
+                if labels {
+                    p["metadata"]["labels"] = json!({"app": "x"});
+                }
+                if annotations {
+                    p["metadata"]["annotations"] = json!({"note": "y"});
+                }
+                if volumes {
+                    p["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+                }
+                p
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn any_pod_is_injected_once_and_completely(pod in pod()) {
+            let Verdict::Patch(ops) = mutate(&pod, Scope::Namespace, &config()) else {
+                return Err(TestCaseError::fail("not injected"));
+            };
+            let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+            let mut out = pod.clone();
+            json_patch::patch(&mut out, &patch).unwrap();
+            prop_assert_eq!(mutate(&out, Scope::Namespace, &config()), Verdict::Unchanged("already injected"));
+            let inits = out["spec"]["initContainers"].as_array().unwrap();
+            prop_assert_eq!(&inits[0]["name"], INIT_NAME);
+            prop_assert_eq!(&inits[1]["name"], PROXY_NAME);
+            let apps = out["spec"]["containers"].as_array().unwrap().iter().chain(&inits[2..]);
+            for c in apps {
+                for var in TRUST_VARS {
+                    let n = c["env"].as_array().unwrap().iter().filter(|e| e["name"] == var).count();
+                    prop_assert_eq!(n, 1, "{} in {}", var, c);
+                }
+                prop_assert!(c["securityContext"]["capabilities"]["drop"].is_array(), "{}", c);
+                prop_assert!(c["volumeMounts"].as_array().unwrap().iter().any(|m| m["name"] == "sandgate-ca"));
+            }
+            let volumes = out["spec"]["volumes"].as_array().unwrap();
+            prop_assert_eq!(volumes.iter().filter(|v| v["name"] == "sandgate-ca").count(), 1);
+        }
+    }
+}
