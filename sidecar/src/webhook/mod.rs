@@ -3,7 +3,7 @@
 //! around it is `sandgate webhook`.
 //!
 //! A pod opted in (its namespace through the webhook configuration, or its own label or
-//! annotation `sandgate.dev/inject`) gets `sandgate init` as the first init container, the proxy
+//! annotation `sandgate.dev/inject`; a pod cannot opt itself out of an opted-in namespace) gets `sandgate init` as the first init container, the proxy
 //! as a native sidecar (an init container with `restartPolicy: Always` and a startup probe on
 //! `/readyz`, so no other container starts before the proxy is ready), the policy from a
 //! ConfigMap, and the CA with the trust variables in every app container. App containers that
@@ -12,11 +12,12 @@
 //! Refused, with the reason: any app container that could undo the redirect (privileged, adds
 //! NET_ADMIN, NET_RAW, SETUID, SETGID or ALL, allows privilege escalation, runs as the proxy's
 //! UID) and host networking.
-//! A pod already injected is left alone, so reinvocation adds nothing twice.
+//! A pod already injected (both containers exactly as this webhook makes them) is left alone,
+//! so reinvocation adds nothing twice; look-alike containers are not believed.
 
 use serde_json::{Map, Value, json};
 
-/// The label and annotation that opt a pod in (`enabled`/`true`) or out (`disabled`/`false`).
+/// The label and annotation that opt a pod in (`enabled`/`true`).
 pub const INJECT_KEY: &str = "sandgate.dev/inject";
 /// The annotation the injector leaves on a pod it changed.
 pub const INJECTED_KEY: &str = "sandgate.dev/injected";
@@ -63,7 +64,7 @@ pub struct InjectConfig {
 /// Whether the webhook configuration selected the pod by its namespace's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// The namespace opted in: every pod is injected unless it opts out.
+    /// The namespace opted in: every pod is injected.
     Namespace,
     /// Only pods that opt in themselves (label or annotation) are injected.
     Pod,
@@ -72,7 +73,7 @@ pub enum Scope {
 /// What the webhook decided for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// Admit unchanged (not opted in, opted out, already injected, or not a pod).
+    /// Admit unchanged (not opted in, already injected, or not a pod).
     Unchanged(&'static str),
     /// Admit with this JSON patch.
     Patch(Vec<Value>),
@@ -97,9 +98,14 @@ pub fn review(request: &Value, scope: Scope, config: &InjectConfig) -> Result<(V
     let uid = req.get("uid").and_then(Value::as_str).ok_or(ReviewError::NotAReview("no `request.uid`"))?;
     let is_pod = req.pointer("/kind/kind").and_then(Value::as_str) == Some("Pod")
         && req.pointer("/kind/group").and_then(Value::as_str).unwrap_or("").is_empty();
+    let operation = req.get("operation").and_then(Value::as_str);
+    let subresource = req.get("subResource").and_then(Value::as_str).unwrap_or("");
     let verdict = match req.get("object") {
-        Some(pod) if is_pod && req.get("operation").and_then(Value::as_str) == Some("CREATE") => {
-            mutate(pod, scope, config)
+        Some(pod) if is_pod && operation == Some("CREATE") && subresource.is_empty() => mutate(pod, scope, config),
+        // `kubectl debug` adds ephemeral containers to a running pod: one with NET_ADMIN or
+        // privilege could flush the redirect, so an injected pod gets none that could.
+        Some(pod) if is_pod && operation == Some("UPDATE") && subresource == "ephemeralcontainers" => {
+            ephemeral(pod, config)
         }
         _ => Verdict::Unchanged("not a pod being created"),
     };
@@ -122,42 +128,75 @@ pub fn review(request: &Value, scope: Scope, config: &InjectConfig) -> Result<(V
 }
 
 /// The decision for one pod.
+///
+/// Nothing on the pod can switch Sandgate off: in an opted-in namespace every pod is injected,
+/// and a pod that looks injected is believed only if both of Sandgate's containers are exactly
+/// what this webhook would inject (a forged `sandgate-proxy` is an app container like any other,
+/// and injecting beside it makes the API server refuse the duplicate name: fail closed).
 pub fn mutate(pod: &Value, scope: Scope, config: &InjectConfig) -> Verdict {
     let opt =
         |section: &str| pod.pointer(&format!("/metadata/{section}/{}", escape(INJECT_KEY))).and_then(Value::as_str);
-    let opted_out = [opt("labels"), opt("annotations")].into_iter().flatten().any(|v| v == "false" || v == "disabled");
     let opted_in = [opt("labels"), opt("annotations")].into_iter().flatten().any(|v| v == "true" || v == "enabled");
-    if opted_out {
-        return Verdict::Unchanged("the pod opts out");
-    }
     if scope == Scope::Pod && !opted_in {
         return Verdict::Unchanged("neither the pod nor its namespace opts in");
     }
     let spec = pod.get("spec").cloned().unwrap_or_else(|| json!({}));
-    let inits = spec.get("initContainers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    if pod.pointer(&format!("/metadata/annotations/{}", escape(INJECTED_KEY))).is_some()
-        || inits.iter().any(|c| c.get("name").and_then(Value::as_str) == Some(PROXY_NAME))
-    {
-        return Verdict::Unchanged("already injected");
-    }
-    if let Some(why) = bypass(&spec, config.proxy_uid) {
+    let injected = genuinely_injected(&spec, config);
+    if let Some(why) = bypass(&spec, config, false) {
         return Verdict::Refuse(format!(
-            "sandgate: refusing to inject this pod: {why}, which could bypass the egress proxy. \
-             Remove it, or opt the pod out with the annotation {INJECT_KEY}: \"false\" \
-             (it then gets no egress control)."
+            "sandgate: refusing this pod: {why}, which could bypass the egress proxy. Remove it, or run \
+             the pod in a namespace without {INJECT_KEY}=enabled (it then gets no egress control)."
         ));
+    }
+    if injected {
+        return Verdict::Unchanged("already injected");
     }
     Verdict::Patch(patch(pod, &spec, config))
 }
 
-/// The first way an app container could bypass the sidecar, in words.
-fn bypass(spec: &Value, proxy_uid: u32) -> Option<String> {
-    if spec.get("hostNetwork").and_then(Value::as_bool) == Some(true) {
+/// Whether the pod carries both of Sandgate's containers exactly as this webhook makes them.
+fn genuinely_injected(spec: &Value, config: &InjectConfig) -> bool {
+    let inits = spec.get("initContainers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    [init_container(config), proxy_container(config)].iter().all(|ours| inits.iter().any(|c| is_ours(c, ours)))
+}
+
+/// Whether `c` is the injected container `ours` (the API server may have added defaults).
+fn is_ours(c: &Value, ours: &Value) -> bool {
+    ["name", "image", "args", "securityContext", "restartPolicy"].iter().all(|k| c.get(*k) == ours.get(*k))
+}
+
+/// The decision for ephemeral containers added to a running pod (`kubectl debug`): on a pod
+/// Sandgate injected, none may be able to undo the redirect.
+fn ephemeral(pod: &Value, config: &InjectConfig) -> Verdict {
+    let spec = pod.get("spec").unwrap_or(&Value::Null);
+    let annotated = pod.pointer(&format!("/metadata/annotations/{}", escape(INJECTED_KEY))).is_some();
+    let inits = spec.get("initContainers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let named = inits.iter().any(|c| c.get("name").and_then(Value::as_str) == Some(PROXY_NAME));
+    if !annotated && !named {
+        return Verdict::Unchanged("not an injected pod");
+    }
+    match bypass(spec, config, true) {
+        Some(why) => Verdict::Refuse(format!(
+            "sandgate: refusing this ephemeral container: {why}, which could bypass the egress proxy of an injected pod"
+        )),
+        None => Verdict::Unchanged("ephemeral containers cannot bypass the sidecar"),
+    }
+}
+
+/// The first way a container of the pod could bypass the sidecar, in words. Sandgate's own
+/// containers (when genuine) are exempt; `ephemeral_only` checks only ephemeral containers.
+fn bypass(spec: &Value, config: &InjectConfig, ephemeral_only: bool) -> Option<String> {
+    let proxy_uid = config.proxy_uid;
+    if !ephemeral_only && spec.get("hostNetwork").and_then(Value::as_bool) == Some(true) {
         return Some("it uses the host's network (hostNetwork: true)".into());
     }
+    let ours = [init_container(config), proxy_container(config)];
     let pod_uid = spec.pointer("/securityContext/runAsUser").and_then(Value::as_u64);
     for (kind, containers) in app_containers(spec) {
-        for c in containers {
+        if ephemeral_only && kind != "ephemeral container" {
+            continue;
+        }
+        for c in containers.iter().filter(|c| !ours.iter().any(|o| is_ours(c, o))) {
             let name = c.get("name").and_then(Value::as_str).unwrap_or("?");
             let sc = c.get("securityContext");
             if sc.and_then(|s| s.get("privileged")).and_then(Value::as_bool) == Some(true) {

@@ -123,10 +123,9 @@ fn opting_in_and_out() {
     assert_eq!(v, Verdict::Unchanged("neither the pod nor its namespace opts in"));
     let r = with_pod(|p| p["metadata"]["annotations"] = json!({INJECT_KEY: "true"}));
     injected(&r, Scope::Pod);
-    // An opted-in namespace still lets a pod opt out.
+    // A pod cannot opt itself out of an opted-in namespace.
     let r = with_pod(|p| p["metadata"]["annotations"] = json!({INJECT_KEY: "false"}));
-    let (_, v) = review(&r, Scope::Namespace, &config()).unwrap();
-    assert_eq!(v, Verdict::Unchanged("the pod opts out"));
+    injected(&r, Scope::Namespace);
     // Not a pod creation: admitted unchanged.
     let mut r = request();
     r["request"]["operation"] = json!("UPDATE");
@@ -181,6 +180,59 @@ fn pods_that_could_bypass_the_proxy_are_refused() {
         assert_eq!(response["response"]["status"]["message"], message.as_str());
         assert!(response["response"].get("patch").is_none());
     }
+}
+
+#[test]
+fn look_alike_sidecars_are_not_believed() {
+    // A pod that names a harmless container `sandgate-proxy` and carries the annotation is
+    // still injected (the API server then refuses the duplicate name: the pod never runs
+    // without the real sidecar).
+    let r = with_pod(|p| {
+        p["metadata"]["annotations"] = json!({INJECTED_KEY: "0.1.0"});
+        p["spec"]["initContainers"][0]["name"] = json!(PROXY_NAME);
+    });
+    let (_, v) = review(&r, Scope::Namespace, &config()).unwrap();
+    assert!(matches!(v, Verdict::Patch(_)), "{v:?}");
+    // A look-alike `sandgate-init` with NET_ADMIN is an app container that adds NET_ADMIN.
+    let r = with_pod(|p| {
+        p["spec"]["initContainers"][0]["name"] = json!(INIT_NAME);
+        p["spec"]["initContainers"][0]["securityContext"] = json!({"capabilities": {"add": ["NET_ADMIN"]}});
+    });
+    let (_, v) = review(&r, Scope::Namespace, &config()).unwrap();
+    let Verdict::Refuse(why) = v else { panic!("admitted a look-alike init: {v:?}") };
+    assert!(why.contains("`sandgate-init` adds the capability NET_ADMIN"), "{why}");
+    // The genuine pair, reinvoked with a bypassing app container added by a later webhook,
+    // is refused rather than waved through as "already injected".
+    let mut pod = injected(&request(), Scope::Namespace);
+    pod["spec"]["containers"][1]["securityContext"]["privileged"] = json!(true);
+    let again = with_pod(|p| *p = pod.clone());
+    assert!(matches!(review(&again, Scope::Namespace, &config()).unwrap().1, Verdict::Refuse(_)));
+}
+
+#[test]
+fn ephemeral_containers_that_could_bypass_an_injected_pod_are_refused() {
+    let pod = injected(&request(), Scope::Namespace);
+    let debug = |sc: Value| {
+        let mut r = request();
+        r["request"]["operation"] = json!("UPDATE");
+        r["request"]["subResource"] = json!("ephemeralcontainers");
+        let mut p = pod.clone();
+        p["spec"]["ephemeralContainers"] = json!([{"name": "debugger", "image": "busybox", "securityContext": sc}]);
+        r["request"]["object"] = p;
+        review(&r, Scope::Namespace, &config()).unwrap().1
+    };
+    // `kubectl debug --profile=sysadmin` makes the container privileged.
+    let Verdict::Refuse(why) = debug(json!({"privileged": true})) else { panic!("admitted a privileged debugger") };
+    assert!(why.contains("ephemeral container `debugger` is privileged"), "{why}");
+    assert!(matches!(debug(json!({"capabilities": {"add": ["NET_ADMIN"]}})), Verdict::Refuse(_)));
+    assert_eq!(debug(json!({})), Verdict::Unchanged("ephemeral containers cannot bypass the sidecar"));
+    // A pod that was never injected is not Sandgate's business.
+    let mut r = request();
+    r["request"]["operation"] = json!("UPDATE");
+    r["request"]["subResource"] = json!("ephemeralcontainers");
+    r["request"]["object"]["spec"]["ephemeralContainers"] =
+        json!([{"name": "d", "image": "b", "securityContext": {"privileged": true}}]);
+    assert_eq!(review(&r, Scope::Namespace, &config()).unwrap().1, Verdict::Unchanged("not an injected pod"));
 }
 
 #[test]
