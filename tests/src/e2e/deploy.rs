@@ -197,3 +197,74 @@ fn the_dashboard_queries_only_exported_metrics() {
         assert!(metrics.contains(&format!("\"{base}\"")), "{}: {base} is not a metric the proxy exports", p["title"]);
     }
 }
+
+/// Every flag a manifest, the systemd unit or the webhook's injected containers pass to
+/// `sandgate` is one the binary's `--help` for that command lists (a renamed flag would
+/// otherwise only show in a crash loop on a cluster).
+#[test]
+fn every_flag_deploy_passes_exists() {
+    let mut commands: Vec<(String, Vec<String>)> = Vec::new();
+    for dir in ["sidecar-injection/base", "node-agent", "agent-deployment", "provider"] {
+        for o in render(dir) {
+            let spec = match o["kind"].as_str() {
+                Some("Deployment" | "DaemonSet") => &o["spec"]["template"]["spec"],
+                Some("CronJob") => &o["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+                _ => continue,
+            };
+            for c in spec["containers"].as_array().unwrap() {
+                let args: Vec<String> =
+                    c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+                commands.push((format!("{dir} {}", c["name"]), args));
+            }
+        }
+    }
+    let unit = std::fs::read_to_string(deploy().join("systemd/sandgate-agent.service")).unwrap();
+    let exec = unit.lines().skip_while(|l| !l.starts_with("ExecStart=")).take_while(|l| !l.starts_with("ExecReload"));
+    let words: Vec<String> =
+        exec.flat_map(|l| l.split_whitespace()).filter(|w| *w != "\\").map(str::to_owned).collect();
+    commands.push(("systemd unit".into(), words[1..].to_vec()));
+    // The sidecar's two containers as the webhook injects them.
+    let review: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../sidecar/tests/fixtures/admission/pod-create.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let config = sandgate_sidecar::webhook::InjectConfig {
+        image: "i".into(),
+        init_image: "i".into(),
+        proxy_uid: 4750,
+        explicit_port: 4750,
+        transparent_port: 4751,
+        admin_port: 4752,
+        dns_port: 4753,
+        policy_configmap: "p".into(),
+        ca_configmap: "c".into(),
+        vault_secret: Some("v".into()),
+    };
+    let sandgate_sidecar::webhook::Verdict::Patch(ops) = sandgate_sidecar::webhook::mutate(
+        &review["request"]["object"],
+        sandgate_sidecar::webhook::Scope::Namespace,
+        &config,
+    ) else {
+        panic!("not injected")
+    };
+    for op in ops.iter().filter(|o| o["value"]["args"].is_array()) {
+        let args = op["value"]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+        commands.push((format!("injected {}", op["value"]["name"]), args));
+    }
+    assert!(commands.len() >= 7, "{commands:?}");
+    let bin = crate::support::proxy::sandgate_bin();
+    for (what, args) in commands {
+        let sub = &args[0];
+        let help = Command::new(&bin).args([sub.as_str(), "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in args.iter().filter(|a| a.starts_with("--")) {
+            assert!(
+                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                "{what}: `sandgate {sub}` has no {flag}"
+            );
+        }
+    }
+}
