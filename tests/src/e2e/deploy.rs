@@ -223,6 +223,11 @@ fn every_flag_deploy_passes_exists() {
     let words: Vec<String> =
         exec.flat_map(|l| l.split_whitespace()).filter(|w| *w != "\\").map(str::to_owned).collect();
     commands.push(("systemd unit".into(), words[1..].to_vec()));
+    let dockerfile = std::fs::read_to_string(deploy().join("Dockerfile")).unwrap();
+    for cmd in dockerfile.lines().filter_map(|l| l.strip_prefix("CMD ")) {
+        let args: Vec<String> = serde_json::from_str(cmd).unwrap();
+        commands.push(("Dockerfile CMD".into(), args));
+    }
     // The sidecar's two containers as the webhook injects them.
     let review: Value = serde_json::from_str(
         &std::fs::read_to_string(
