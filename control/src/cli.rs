@@ -288,7 +288,15 @@ pub(crate) enum KubeCommand {
     },
     /// Check the stored connection: API version, namespace, each permission the provider
     /// needs, the runtime class and the storage class; every failure by name (exit 1).
-    Test,
+    Test {
+        /// Also run a probe sandbox (needs --proxy): it must fail to reach an outside address
+        /// directly and reach the proxy; the only way to find a CNI that ignores NetworkPolicy.
+        #[arg(long)]
+        deep: bool,
+        /// The probe's image (it needs `sh` and `curl`).
+        #[arg(long, value_name = "IMAGE", default_value = "curlimages/curl:8.11.1")]
+        probe_image: String,
+    },
     /// Create a sandbox and print its id.
     Create {
         /// CPUs (requests = limits).

@@ -74,7 +74,10 @@ async fn run(args: KubeArgs) -> Result<ExitCode, String> {
             .unwrap_or(4750),
         ca_configmap: args.ca_configmap.clone(),
     };
-    let needs_proxy = matches!(args.command, KubeCommand::Create { .. } | KubeCommand::Resume { .. });
+    let needs_proxy = matches!(
+        args.command,
+        KubeCommand::Create { .. } | KubeCommand::Resume { .. } | KubeCommand::Test { deep: true, .. }
+    );
     if needs_proxy && args.proxy.is_none() {
         return Err("--proxy HOST:PORT is required: where sandboxes reach Sandgate (the node agent's Service)".into());
     }
@@ -99,8 +102,22 @@ async fn run(args: KubeArgs) -> Result<ExitCode, String> {
             eprintln!("sandgate kube: kubeconfig sealed in the vault as `{}`", args.kubeconfig_secret);
             Ok(ExitCode::SUCCESS)
         }
-        KubeCommand::Test => {
-            Ok(if report(&p.test_connection().await) { ExitCode::SUCCESS } else { ExitCode::from(EXIT_KUBE) })
+        KubeCommand::Test { deep, probe_image } => {
+            let mut checks = p.test_connection().await;
+            if deep {
+                let sbx = manifests::Sandbox {
+                    id: crate::run::random_id().map_err(|e| e.to_string())?,
+                    token: random_token()?,
+                    profile: "default".into(),
+                    created_at: provider::format_time(now),
+                    expires_at: provider::format_time(now.saturating_add(120)),
+                    cpus: 0.1,
+                    memory_mib: 64,
+                    disk_mib: 64,
+                };
+                checks.push(p.deep_check(&sbx, &probe_image).await);
+            }
+            Ok(if report(&checks) { ExitCode::SUCCESS } else { ExitCode::from(EXIT_KUBE) })
         }
         KubeCommand::Create { cpus, memory, disk, lifetime, profile } => {
             let id = crate::run::random_id().map_err(|e| e.to_string())?;

@@ -107,41 +107,8 @@ impl Provider {
 
     /// Creates a sandbox: anchor, NetworkPolicy, claim (with a storage class), pod.
     pub(crate) async fn create(&self, sbx: &Sandbox, lifetime: Duration) -> Result<(), KubeError> {
-        let name = manifests::name(&sbx.id);
-        let pp = PostParams::default();
-        let anchor: ConfigMap = typed(manifests::anchor(sbx, &self.target))?;
-        let anchor =
-            self.api::<ConfigMap>().create(&pp, &anchor).await.map_err(api_err(format!("create anchor {name}")))?;
-        let Some(uid) = anchor.metadata.uid else {
-            let _ = self.api::<ConfigMap>().delete(&name, &DeleteParams::background()).await;
-            return Err(KubeError::State {
-                id: sbx.id.clone(),
-                why: "the API server returned its anchor without a uid".into(),
-            });
-        };
-        let made = async {
-            let np: NetworkPolicy = typed(manifests::network_policy(sbx, &self.target, &uid))?;
-            self.api::<NetworkPolicy>()
-                .create(&pp, &np)
-                .await
-                .map_err(api_err(format!("create NetworkPolicy {name}")))?;
-            if let Some(sc) = &self.target.storage_class {
-                let pvc: PersistentVolumeClaim = typed(manifests::workspace_claim(sbx, &self.target, &uid, sc))?;
-                self.api::<PersistentVolumeClaim>()
-                    .create(&pp, &pvc)
-                    .await
-                    .map_err(api_err(format!("create claim {}", manifests::claim(&sbx.id))))?;
-            }
-            let pod: Pod = typed(manifests::pod(sbx, &self.target, &uid, lifetime.as_secs()))?;
-            self.api::<Pod>().create(&pp, &pod).await.map_err(api_err(format!("create pod {name}")))?;
-            Ok::<(), KubeError>(())
-        }
-        .await;
-        if made.is_err() {
-            // Nothing half-made is left behind: the anchor takes the rest with it.
-            let _ = self.api::<ConfigMap>().delete(&name, &DeleteParams::background()).await;
-        }
-        made
+        let mut pod = manifests::pod(sbx, &self.target, "", lifetime.as_secs());
+        self.create_with(sbx, lifetime, &mut pod).await
     }
 
     /// The anchor's record of a sandbox.
@@ -288,6 +255,102 @@ impl Provider {
         Ok(removed)
     }
 
+    /// The deep check: a short-lived probe sandbox, made exactly as a real one (anchor,
+    /// NetworkPolicy, pod), whose only command tries an outside address directly and then the
+    /// proxy. The only way to learn that a CNI ignores NetworkPolicy. The probe is removed
+    /// whatever happens.
+    pub(crate) async fn deep_check(&self, sbx: &Sandbox, image: &str) -> Check {
+        const WAIT: Duration = Duration::from_secs(120);
+        let what = "a probe sandbox: direct egress blocked, the proxy reachable";
+        let mut target = self.target.clone();
+        target.image = image.to_owned();
+        target.storage_class = None;
+        let probe = Provider { client: self.client.clone(), target };
+        let mut pod = probe.pod_with_command(sbx, PROBE_SCRIPT);
+        if let Err(e) = probe.create_with(sbx, WAIT, &mut pod).await {
+            return Check::new(what, false, format!("could not create it: {e}"));
+        }
+        let name = manifests::name(&sbx.id);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let code = loop {
+            let state =
+                self.api::<Pod>().get_opt(&name).await.ok().flatten().and_then(|p| p.status).and_then(|s| {
+                    s.container_statuses?.first()?.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code)
+                });
+            if let Some(code) = state {
+                break Some(code);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        let _ = self.destroy(&sbx.id).await;
+        match code {
+            Some(0) => Check::new(what, true, String::new()),
+            Some(10) => Check::new(
+                what,
+                false,
+                "the probe reached an outside address directly: this cluster's CNI does not enforce NetworkPolicy, \
+                 so sandboxes are not confined (use a CNI that does: Calico, Cilium, ...)"
+                    .into(),
+            ),
+            Some(11) => {
+                Check::new(what, false, format!("the probe could not reach the proxy at {}", self.target.proxy))
+            }
+            Some(other) => {
+                Check::new(what, false, format!("the probe failed (exit {other}); does its image have curl?"))
+            }
+            None => Check::new(what, false, "the probe did not finish within 120 s (image pull? scheduling?)".into()),
+        }
+    }
+
+    /// A sandbox pod whose container runs `script` instead of idling.
+    fn pod_with_command(&self, sbx: &Sandbox, script: &str) -> Value {
+        let mut pod = manifests::pod(sbx, &self.target, "", 120);
+        pod["spec"]["containers"][0]["command"] = json!(["sh", "-c", script]);
+        pod
+    }
+
+    /// Creates a sandbox around `pod` (its owner is filled in here): anchor, NetworkPolicy,
+    /// claim (with a storage class), pod. A failure removes what was made.
+    async fn create_with(&self, sbx: &Sandbox, lifetime: Duration, pod: &mut Value) -> Result<(), KubeError> {
+        let name = manifests::name(&sbx.id);
+        let pp = PostParams::default();
+        let anchor: ConfigMap = typed(manifests::anchor(sbx, &self.target))?;
+        let anchor =
+            self.api::<ConfigMap>().create(&pp, &anchor).await.map_err(api_err(format!("create anchor {name}")))?;
+        let made = async {
+            let uid = anchor.metadata.uid.ok_or_else(|| KubeError::State {
+                id: sbx.id.clone(),
+                why: "the API server returned its anchor without a uid".into(),
+            })?;
+            let np: NetworkPolicy = typed(manifests::network_policy(sbx, &self.target, &uid))?;
+            self.api::<NetworkPolicy>()
+                .create(&pp, &np)
+                .await
+                .map_err(api_err(format!("create NetworkPolicy {name}")))?;
+            if let Some(sc) = &self.target.storage_class {
+                let pvc: PersistentVolumeClaim = typed(manifests::workspace_claim(sbx, &self.target, &uid, sc))?;
+                self.api::<PersistentVolumeClaim>()
+                    .create(&pp, &pvc)
+                    .await
+                    .map_err(api_err(format!("create claim {}", manifests::claim(&sbx.id))))?;
+            }
+            pod["metadata"]["ownerReferences"][0]["uid"] = json!(uid);
+            pod["spec"]["activeDeadlineSeconds"] = json!(lifetime.as_secs().max(1));
+            let pod: Pod = typed(pod.clone())?;
+            self.api::<Pod>().create(&pp, &pod).await.map_err(api_err(format!("create pod {name}")))?;
+            Ok::<(), KubeError>(())
+        }
+        .await;
+        if made.is_err() {
+            // Nothing half-made is left behind: the anchor takes the rest with it.
+            let _ = self.api::<ConfigMap>().delete(&name, &DeleteParams::background()).await;
+        }
+        made
+    }
+
     /// Checks everything the provider needs, reporting each failure by name: the API version,
     /// the namespace, each verb on each resource (SelfSubjectAccessReview), the runtime class
     /// and the storage class.
@@ -340,6 +403,16 @@ impl Provider {
         checks
     }
 }
+
+/// The deep check's probe: exit 10 when an outside address answers directly (NetworkPolicy not
+/// enforced), 11 when the proxy (from `HTTP_PROXY`) does not answer, 0 otherwise. Any HTTP
+/// status from the proxy (even a denial) proves it is reachable.
+const PROBE_SCRIPT: &str = "\
+code=$(curl -s -o /dev/null -m 5 --noproxy '*' -w '%{http_code}' http://1.1.1.1/ 2>/dev/null); \
+[ \"${code:-000}\" != 000 ] && exit 10; \
+code=$(curl -s -o /dev/null -m 10 -w '%{http_code}' http://sandgate-probe.invalid/ 2>/dev/null); \
+[ \"${code:-000}\" = 000 ] && exit 11; \
+exit 0";
 
 /// The verbs the provider uses, per resource (the Role in deploy/ grants exactly these).
 pub(crate) const NEEDED: &[(&str, &str, &[&str])] = &[

@@ -257,3 +257,64 @@ async fn the_in_cluster_reaper_uses_the_pods_service_account() {
     assert!(t.contains("removed configmap/sbx-gone (expired)"), "{t}");
     assert!(api.objects(CONFIGMAPS).is_empty());
 }
+
+/// `kube test --deep`: a probe sandbox made like a real one; its exit code (set here as the
+/// kubelet would report it) says whether the CNI enforced its NetworkPolicy. The probe is
+/// removed either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deep_check_finds_a_cni_that_ignores_network_policy() {
+    let api = std::sync::Arc::new(FakeApi::start().await);
+    api.add_cluster_objects(&["namespaces/sandboxes", "runtimeclasses/gvisor", "storageclasses/standard"]);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let kc = d.join("kubeconfig.yaml");
+    std::fs::write(&kc, api.kubeconfig(NS)).unwrap();
+    let o = kube(&d, &["connect", "--kubeconfig", kc.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (exit_code, expect) in [
+        (
+            10,
+            "FAIL  a probe sandbox: direct egress blocked, the proxy reachable: the probe reached an outside address directly",
+        ),
+        (
+            11,
+            "FAIL  a probe sandbox: direct egress blocked, the proxy reachable: the probe could not reach the proxy at 10.96.0.40:4750",
+        ),
+        (0, "ok    a probe sandbox: direct egress blocked, the proxy reachable"),
+    ] {
+        let d2 = d.clone();
+        let run = tokio::task::spawn_blocking(move || kube(&d2, &["test", "--deep"]));
+        // The kubelet's report: the probe container ran and exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            assert!(std::time::Instant::now() < deadline, "no probe pod");
+            let mut c = api.cluster.lock().unwrap();
+            if let Some(pod) = c.objects.get_mut(PODS).and_then(|l| l.first_mut()) {
+                let script = pod["spec"]["containers"][0]["command"].to_string();
+                assert!(script.contains("--noproxy") && script.contains("exit 10"), "{script}");
+                pod["status"] = json!({"phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
+                    "containerStatuses": [{"name": "workspace", "image": "curlimages/curl:8.11.1", "imageID": "",
+                        "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": exit_code}}}]});
+                break;
+            }
+            drop(c);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let o = run.await.unwrap();
+        let t = text(&o);
+        assert!(t.contains(expect), "{exit_code}: {t}");
+        assert_eq!(o.status.success(), exit_code == 0, "{t}");
+        for c in [CONFIGMAPS, POLICIES, PODS] {
+            assert!(api.objects(c).is_empty(), "{c}: the probe was left behind");
+        }
+    }
+    let bodies: Vec<String> = api
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .filter_map(|r| r.body.as_ref().map(Value::to_string))
+        .collect();
+    k8s::validate("the probe's objects", &bodies.join("\n---\n"));
+}
