@@ -288,16 +288,20 @@ async fn the_deep_check_finds_a_cni_that_ignores_network_policy() {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             assert!(std::time::Instant::now() < deadline, "no probe pod");
-            let mut c = api.cluster.lock().unwrap();
-            if let Some(pod) = c.objects.get_mut(PODS).and_then(|l| l.first_mut()) {
-                let script = pod["spec"]["containers"][0]["command"].to_string();
-                assert!(script.contains("--noproxy") && script.contains("exit 10"), "{script}");
-                pod["status"] = json!({"phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
-                    "containerStatuses": [{"name": "workspace", "image": "curlimages/curl:8.11.1", "imageID": "",
-                        "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": exit_code}}}]});
+            let reported = {
+                let mut c = api.cluster.lock().unwrap();
+                let pod = c.objects.get_mut(PODS).and_then(|l| l.first_mut());
+                pod.map(|pod| {
+                    let script = pod["spec"]["containers"][0]["command"].to_string();
+                    assert!(script.contains("--noproxy") && script.contains("exit 10"), "{script}");
+                    pod["status"] = json!({"phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
+                        "containerStatuses": [{"name": "workspace", "image": "curlimages/curl:8.11.1", "imageID": "",
+                            "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": exit_code}}}]});
+                })
+            };
+            if reported.is_some() {
                 break;
             }
-            drop(c);
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         let o = run.await.unwrap();
