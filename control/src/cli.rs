@@ -361,7 +361,7 @@ pub(crate) struct WebhookArgs {
     #[arg(long, value_name = "IMAGE", env = "SANDGATE_INIT_IMAGE")]
     pub(crate) init_image: Option<String>,
     /// The UID the injected proxy runs as (app containers may not use it).
-    #[arg(long, value_name = "UID", default_value_t = 4750, env = "SANDGATE_PROXY_UID")]
+    #[arg(long, value_name = "UID", default_value_t = sandgate_sidecar::redirect::DEFAULT_PROXY_UID, env = "SANDGATE_PROXY_UID")]
     pub(crate) proxy_uid: u32,
     /// The ConfigMap (in the pod's namespace) with the policy under `policy.yaml`.
     #[arg(long, value_name = "NAME", default_value = "sandgate-policy", env = "SANDGATE_POLICY_CONFIGMAP")]
@@ -379,13 +379,13 @@ pub(crate) struct WebhookArgs {
 pub(crate) struct InitArgs {
     /// The UID the sidecar proxy runs as; its connections are not redirected. The webhook
     /// refuses app containers that run as this UID.
-    #[arg(long, value_name = "UID", default_value_t = 4750, env = "SANDGATE_PROXY_UID")]
+    #[arg(long, value_name = "UID", default_value_t = sandgate_sidecar::redirect::DEFAULT_PROXY_UID, env = "SANDGATE_PROXY_UID")]
     pub(crate) proxy_uid: u32,
     /// The sidecar's transparent listener port (on loopback).
-    #[arg(long, value_name = "PORT", default_value_t = 4751, env = "SANDGATE_TRANSPARENT_PORT")]
+    #[arg(long, value_name = "PORT", default_value_t = sandgate_sidecar::redirect::DEFAULT_TRANSPARENT_PORT, env = "SANDGATE_TRANSPARENT_PORT")]
     pub(crate) transparent_port: u16,
     /// The sidecar's DNS port (on loopback).
-    #[arg(long, value_name = "PORT", default_value_t = 4753, env = "SANDGATE_DNS_PORT")]
+    #[arg(long, value_name = "PORT", default_value_t = sandgate_sidecar::redirect::DEFAULT_DNS_PORT, env = "SANDGATE_DNS_PORT")]
     pub(crate) dns_port: u16,
     /// Inbound TCP ports left open (the sidecar's admin port, for the kubelet's probes).
     #[arg(long, value_name = "PORT", default_value = "4752", value_delimiter = ',', env = "SANDGATE_INBOUND_PORTS")]

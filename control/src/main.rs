@@ -36,17 +36,13 @@ const EXIT_CANNOT_START: u8 = 69;
 
 /// `sandgate webhook`: serves the sidecar injector until stopped.
 fn run_webhook(args: cli::WebhookArgs) -> ExitCode {
+    let init_image = args.init_image.unwrap_or_else(|| args.image.clone());
     let config = sandgate_sidecar::webhook::InjectConfig {
-        init_image: args.init_image.unwrap_or_else(|| args.image.clone()),
-        image: args.image,
         proxy_uid: args.proxy_uid,
-        explicit_port: 4750,
-        transparent_port: 4751,
-        admin_port: 4752,
-        dns_port: 4753,
         policy_configmap: args.policy_configmap,
         ca_configmap: args.ca_configmap,
         vault_secret: args.vault_secret,
+        ..sandgate_sidecar::webhook::InjectConfig::new(args.image, init_image)
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

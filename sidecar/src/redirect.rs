@@ -16,6 +16,17 @@ use std::fmt::Write;
 
 use crate::attach::{AttachError, Run};
 
+/// The UID the sidecar proxy runs as unless configured otherwise.
+pub const DEFAULT_PROXY_UID: u32 = 4750;
+/// The sidecar proxy's explicit listener port.
+pub const DEFAULT_EXPLICIT_PORT: u16 = 4750;
+/// The sidecar proxy's transparent listener port (where TCP is redirected).
+pub const DEFAULT_TRANSPARENT_PORT: u16 = 4751;
+/// The sidecar proxy's admin port (probes, metrics), left open for inbound connections.
+pub const DEFAULT_ADMIN_PORT: u16 = 4752;
+/// The sidecar proxy's DNS port (where DNS is redirected).
+pub const DEFAULT_DNS_PORT: u16 = 4753;
+
 /// The nftables table the sidecar's redirect lives in.
 pub const INIT_TABLE: &str = "sandgate-init";
 /// The iptables-legacy chains the redirect lives in: `(table, chain, jumped from)`.

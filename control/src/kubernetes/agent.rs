@@ -44,47 +44,45 @@ pub(crate) async fn watch(client: kube::Client, node: String, ids: Arc<Identitie
         ids.replace_all(list.items.iter().filter_map(identity));
         tracing::info!(%node, sandboxes = ids.len(), "sandbox pods listed");
         let mut version = list.metadata.resource_version.unwrap_or_default();
-        // Watch until the server closes the stream or fails; then the loop lists again.
-        loop {
-            let wp = WatchParams::default().labels(MANAGED_SELECTOR).fields(&fields).timeout(290);
-            let stream = match pods.watch(&wp, &version).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(%node, "watch failed, listing again: {e}");
-                    break;
-                }
-            };
-            let mut stream = std::pin::pin!(stream);
-            let mut expired = false;
-            loop {
-                match stream.try_next().await {
-                    Ok(Some(WatchEvent::Added(p) | WatchEvent::Modified(p))) => {
-                        remember(&mut version, &p);
-                        apply(&ids, &p);
-                    }
-                    Ok(Some(WatchEvent::Deleted(p))) => {
-                        remember(&mut version, &p);
-                        if let Some(name) = &p.metadata.name {
-                            ids.remove(name);
-                            tracing::info!(pod = %name, "sandbox pod gone");
-                        }
-                    }
-                    Ok(Some(WatchEvent::Bookmark(b))) => version = b.metadata.resource_version,
-                    Ok(Some(WatchEvent::Error(e))) => {
-                        tracing::info!(%node, "watch ended ({}), listing again", e.message);
-                        expired = true;
-                        break;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(%node, "watch stream failed, listing again: {e}");
-                        expired = true;
-                        break;
-                    }
+        // Watch until the server ends the stream cleanly (watch again from where it stopped)
+        // or something fails (list again).
+        let wp = WatchParams::default().labels(MANAGED_SELECTOR).fields(&fields).timeout(290);
+        while follow(&pods, &wp, &mut version, &ids).await {}
+    }
+}
+
+/// Applies one watch's events to `ids`; `true` when the server ended it cleanly.
+async fn follow(pods: &Api<Pod>, wp: &WatchParams, version: &mut String, ids: &Identities) -> bool {
+    let stream = match pods.watch(wp, version).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("watch failed, listing again: {e}");
+            return false;
+        }
+    };
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        match stream.try_next().await {
+            Ok(Some(WatchEvent::Added(p) | WatchEvent::Modified(p))) => {
+                remember(version, &p);
+                apply(ids, &p);
+            }
+            Ok(Some(WatchEvent::Deleted(p))) => {
+                remember(version, &p);
+                if let Some(name) = &p.metadata.name {
+                    ids.remove(name);
+                    tracing::info!(pod = %name, "sandbox pod gone");
                 }
             }
-            if expired {
-                break;
+            Ok(Some(WatchEvent::Bookmark(b))) => *version = b.metadata.resource_version,
+            Ok(Some(WatchEvent::Error(e))) => {
+                tracing::info!("watch ended ({}), listing again", e.message);
+                return false;
+            }
+            Ok(None) => return true,
+            Err(e) => {
+                tracing::warn!("watch stream failed, listing again: {e}");
+                return false;
             }
         }
     }

@@ -36,10 +36,15 @@ pub(crate) struct Target {
     pub(crate) proxy_namespace: String,
     /// The proxy pods' `app.kubernetes.io/name` label.
     pub(crate) proxy_app: String,
-    /// The proxy's port (the NetworkPolicy allows only this).
-    pub(crate) proxy_port: u16,
     /// The ConfigMap holding Sandgate's CA certificate (`ca.crt`), mounted read-only.
     pub(crate) ca_configmap: String,
+}
+
+impl Target {
+    /// The proxy's port, from `proxy` (the NetworkPolicy allows only this): 4750 if absent.
+    pub(crate) fn proxy_port(&self) -> u16 {
+        self.proxy.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or(4750)
+    }
 }
 
 /// One sandbox's identity and limits.
@@ -135,7 +140,7 @@ pub(crate) fn network_policy(sbx: &Sandbox, target: &Target, owner_uid: &str) ->
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": target.proxy_namespace}},
                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": target.proxy_app}},
                 }],
-                "ports": [{"protocol": "TCP", "port": target.proxy_port}],
+                "ports": [{"protocol": "TCP", "port": target.proxy_port()}],
             }],
         },
     })
@@ -158,7 +163,7 @@ pub(crate) fn workspace_claim(sbx: &Sandbox, target: &Target, owner_uid: &str, s
 /// The sandbox pod, with `remaining` seconds to live.
 pub(crate) fn pod(sbx: &Sandbox, target: &Target, owner_uid: &str, remaining: u64) -> Value {
     let proxy_url = format!("http://{}:{}@{}", name(&sbx.id), sbx.token, target.proxy);
-    let ca = "/etc/sandgate/ca/ca.crt";
+    let ca = sandgate_sidecar::webhook::CA_PATH;
     let mut env = vec![];
     for var in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
         env.push(json!({"name": var, "value": proxy_url}));
@@ -237,7 +242,6 @@ mod tests {
             proxy: "10.96.0.40:4750".into(),
             proxy_namespace: "sandgate-system".into(),
             proxy_app: "sandgate-agent".into(),
-            proxy_port: 4750,
             ca_configmap: "sandgate-ca".into(),
         }
     }

@@ -66,12 +66,6 @@ async fn run(args: KubeArgs) -> Result<ExitCode, String> {
         proxy: args.proxy.clone().unwrap_or_default(),
         proxy_namespace: args.proxy_namespace.clone(),
         proxy_app: args.proxy_app.clone(),
-        proxy_port: args
-            .proxy
-            .as_deref()
-            .and_then(|p| p.rsplit_once(':'))
-            .and_then(|(_, p)| p.parse().ok())
-            .unwrap_or(4750),
         ca_configmap: args.ca_configmap.clone(),
     };
     let needs_proxy = matches!(
@@ -105,35 +99,16 @@ async fn run(args: KubeArgs) -> Result<ExitCode, String> {
         KubeCommand::Test { deep, probe_image } => {
             let mut checks = p.test_connection().await;
             if deep {
-                let sbx = manifests::Sandbox {
-                    id: crate::run::random_id().map_err(|e| e.to_string())?,
-                    token: random_token()?,
-                    profile: "default".into(),
-                    created_at: provider::format_time(now),
-                    expires_at: provider::format_time(now.saturating_add(120)),
-                    cpus: 0.1,
-                    memory_mib: 64,
-                    disk_mib: 64,
-                };
+                let sbx = new_sandbox("default".into(), now, 120, (0.1, 64, 64))?;
                 checks.push(p.deep_check(&sbx, &probe_image).await);
             }
             Ok(if report(&checks) { ExitCode::SUCCESS } else { ExitCode::from(EXIT_KUBE) })
         }
         KubeCommand::Create { cpus, memory, disk, lifetime, profile } => {
-            let id = crate::run::random_id().map_err(|e| e.to_string())?;
             let lifetime_s = i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX);
-            let sbx = manifests::Sandbox {
-                id: id.clone(),
-                token: random_token()?,
-                profile,
-                created_at: provider::format_time(now),
-                expires_at: provider::format_time(now.saturating_add(lifetime_s)),
-                cpus,
-                memory_mib: memory >> 20,
-                disk_mib: disk >> 20,
-            };
+            let sbx = new_sandbox(profile, now, lifetime_s, (cpus, memory >> 20, disk >> 20))?;
             p.create(&sbx, lifetime).await.map_err(|e| e.to_string())?;
-            println!("{id}");
+            println!("{}", sbx.id);
             Ok(ExitCode::SUCCESS)
         }
         KubeCommand::Pause { id } => done(p.pause(&id).await, format!("{id} paused (pod deleted, workspace kept)")),
@@ -166,6 +141,26 @@ fn report(checks: &[provider::Check]) -> bool {
         }
     }
     checks.iter().all(|c| c.ok)
+}
+
+/// A new sandbox (fresh id and token) living `lifetime_s` seconds from `now`, with
+/// `(cpus, memory MiB, disk MiB)`.
+fn new_sandbox(
+    profile: String,
+    now: i64,
+    lifetime_s: i64,
+    limits: (f64, u64, u64),
+) -> Result<manifests::Sandbox, String> {
+    Ok(manifests::Sandbox {
+        id: crate::run::random_id()?,
+        token: random_token()?,
+        profile,
+        created_at: provider::format_time(now),
+        expires_at: provider::format_time(now.saturating_add(lifetime_s)),
+        cpus: limits.0,
+        memory_mib: limits.1,
+        disk_mib: limits.2,
+    })
 }
 
 /// A per-sandbox proxy token: 128 random bits, hex.

@@ -61,6 +61,29 @@ pub struct InjectConfig {
     pub vault_secret: Option<String>,
 }
 
+// === impl InjectConfig ===
+
+impl InjectConfig {
+    /// The injection with Sandgate's default UID, ports and ConfigMap names, and no vault.
+    pub fn new(image: impl Into<String>, init_image: impl Into<String>) -> Self {
+        use crate::redirect::{
+            DEFAULT_ADMIN_PORT, DEFAULT_DNS_PORT, DEFAULT_EXPLICIT_PORT, DEFAULT_PROXY_UID, DEFAULT_TRANSPARENT_PORT,
+        };
+        Self {
+            image: image.into(),
+            init_image: init_image.into(),
+            proxy_uid: DEFAULT_PROXY_UID,
+            explicit_port: DEFAULT_EXPLICIT_PORT,
+            transparent_port: DEFAULT_TRANSPARENT_PORT,
+            admin_port: DEFAULT_ADMIN_PORT,
+            dns_port: DEFAULT_DNS_PORT,
+            policy_configmap: "sandgate-policy".into(),
+            ca_configmap: "sandgate-ca".into(),
+            vault_secret: None,
+        }
+    }
+}
+
 /// Whether the webhook configuration selected the pod by its namespace's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {

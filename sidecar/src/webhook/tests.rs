@@ -7,16 +7,8 @@ use super::*;
 
 fn config() -> InjectConfig {
     InjectConfig {
-        image: "ghcr.io/sandgate/sandgate:0.1.0".into(),
-        init_image: "ghcr.io/sandgate/sandgate-init:0.1.0".into(),
-        proxy_uid: 4750,
-        explicit_port: 4750,
-        transparent_port: 4751,
-        admin_port: 4752,
-        dns_port: 4753,
-        policy_configmap: "sandgate-policy".into(),
-        ca_configmap: "sandgate-ca".into(),
         vault_secret: Some("sandgate-vault".into()),
+        ..InjectConfig::new("ghcr.io/sandgate/sandgate:0.1.0", "ghcr.io/sandgate/sandgate-init:0.1.0")
     }
 }
 

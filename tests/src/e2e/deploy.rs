@@ -237,16 +237,8 @@ fn every_flag_deploy_passes_exists() {
     )
     .unwrap();
     let config = sandgate_sidecar::webhook::InjectConfig {
-        image: "i".into(),
-        init_image: "i".into(),
-        proxy_uid: 4750,
-        explicit_port: 4750,
-        transparent_port: 4751,
-        admin_port: 4752,
-        dns_port: 4753,
-        policy_configmap: "p".into(),
-        ca_configmap: "c".into(),
         vault_secret: Some("v".into()),
+        ..sandgate_sidecar::webhook::InjectConfig::new("i", "i")
     };
     let sandgate_sidecar::webhook::Verdict::Patch(ops) = sandgate_sidecar::webhook::mutate(
         &review["request"]["object"],

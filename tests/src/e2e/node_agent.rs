@@ -65,8 +65,7 @@ async fn the_node_agent_serves_only_its_nodes_sandboxes_with_their_tokens() {
     // Another pod on the node, at another address: its token is no use from here.
     api.plant(PODS, sandbox_pod("sbx-c", "node-1", "10.244.1.9", "tok-c", "default"));
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig("sandboxes")).unwrap();
+    let kubeconfig = api.kubeconfig_file(dir.path(), "sandboxes");
     let policy = super::loopback_policy(&[port]);
     let p = tokio::task::spawn_blocking(move || {
         proxy::new(&policy).args(&["--node-agent", "node-1", "--kubeconfig", kubeconfig.to_str().unwrap()]).start()
@@ -146,8 +145,7 @@ async fn one_proxy_for_every_node_serves_all_sandbox_pods() {
     api.plant(PODS, sandbox_pod("sbx-n1", "node-1", "127.0.0.1", "tok-1", "default"));
     api.plant(PODS, sandbox_pod("sbx-n2", "node-2", "127.0.0.1", "tok-2", "default"));
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig("sandboxes")).unwrap();
+    let kubeconfig = api.kubeconfig_file(dir.path(), "sandboxes");
     let policy = super::loopback_policy(&[port]);
     let p = tokio::task::spawn_blocking(move || {
         proxy::new(&policy).args(&["--node-agent", "*", "--kubeconfig", kubeconfig.to_str().unwrap()]).start()
@@ -172,8 +170,7 @@ async fn a_sandbox_made_by_the_provider_is_served_with_its_proxy_url() {
     let origin = origin::http("plain").await;
     let port = origin.addr.port();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig("sandboxes")).unwrap();
+    let kubeconfig = api.kubeconfig_file(dir.path(), "sandboxes");
     let policy = super::loopback_policy(&[port]);
     let k = kubeconfig.clone();
     let p = tokio::task::spawn_blocking(move || {

@@ -173,18 +173,7 @@ fn the_injected_commands_work_together() {
         return;
     }
     let review: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
-    let config = sandgate_sidecar::webhook::InjectConfig {
-        image: "sandgate".into(),
-        init_image: "sandgate-init".into(),
-        proxy_uid: 4750,
-        explicit_port: 4750,
-        transparent_port: 4751,
-        admin_port: 4752,
-        dns_port: 4753,
-        policy_configmap: "sandgate-policy".into(),
-        ca_configmap: "sandgate-ca".into(),
-        vault_secret: None,
-    };
+    let config = sandgate_sidecar::webhook::InjectConfig::new("sandgate", "sandgate-init");
     let sandgate_sidecar::webhook::Verdict::Patch(ops) = sandgate_sidecar::webhook::mutate(
         &review["request"]["object"],
         sandgate_sidecar::webhook::Scope::Namespace,

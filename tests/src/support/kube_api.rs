@@ -101,6 +101,13 @@ impl FakeApi {
         )
     }
 
+    /// Writes [`FakeApi::kubeconfig`] to `dir/kubeconfig` and returns its path.
+    pub(crate) fn kubeconfig_file(&self, dir: &std::path::Path, namespace: &str) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(&path, self.kubeconfig(namespace)).unwrap();
+        path
+    }
+
     /// Makes cluster-scoped objects exist (`namespaces/sandboxes`, `runtimeclasses/gvisor`, ...).
     pub(crate) fn add_cluster_objects(&self, names: &[&str]) {
         self.cluster.lock().unwrap().cluster_objects.extend(names.iter().map(|s| (*s).to_owned()));
@@ -125,10 +132,7 @@ impl FakeApi {
     /// Stores an object as if created through the API (uid assigned, watchers told); returns it.
     pub(crate) fn plant(&self, collection: &str, object: Value) -> Value {
         let mut c = self.cluster.lock().unwrap();
-        let o = c.admit(object);
-        c.objects.entry(collection.to_owned()).or_default().push(o.clone());
-        let rv = c.next;
-        c.events.push((rv, collection.to_owned(), "ADDED", o.clone()));
+        let o = c.insert(collection, object);
         self.changed.notify_waiters();
         o
     }
@@ -162,6 +166,14 @@ impl Cluster {
         if o["kind"] == "Pod" && o["spec"].get("nodeName").is_none() {
             o["spec"]["nodeName"] = json!("node-1");
         }
+        o
+    }
+
+    /// Admits `o` into `collection` and records the watch event; returns it as stored.
+    fn insert(&mut self, collection: &str, o: Value) -> Value {
+        let o = self.admit(o);
+        self.objects.entry(collection.to_owned()).or_default().push(o.clone());
+        self.events.push((self.next, collection.to_owned(), "ADDED", o.clone()));
         o
     }
 
@@ -358,11 +370,7 @@ fn route(method: &str, path: &str, query: &str, body: Option<Value>, c: &mut Clu
             if list.iter().any(|x| x["metadata"]["name"] == n.as_str()) {
                 return status(409, "AlreadyExists", format!("{n} already exists"));
             }
-            let o = c.admit(o);
-            c.objects.entry(collection.clone()).or_default().push(o.clone());
-            let rv = c.next;
-            c.events.push((rv, collection, "ADDED", o.clone()));
-            (StatusCode::CREATED, o)
+            (StatusCode::CREATED, c.insert(&collection, o))
         }
         ("GET", None) => {
             let selector = query_param(query, "labelSelector").unwrap_or_default();
